@@ -1,0 +1,149 @@
+"""Pydantic models of what the cache holds, and the validation every row passes before use."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from attntune.device import SoftwareFingerprint, software_fingerprint
+from attntune.key import TuneKey
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class WinnerRecord(BaseModel):
+    """The winner of one key, as stored (and as exported to JSON)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: TuneKey
+    variant: str
+    config: Dict[str, Any]
+    median_ms: float
+    tflops: Optional[float] = None
+    tbps: Optional[float] = None
+    runner_up: Optional[str] = None
+    runner_up_config: Optional[Dict[str, Any]] = None
+    runner_up_ms: Optional[float] = None
+    sdpa_default_ms: Optional[float] = None
+    max_error: Optional[float] = None
+    fingerprint: SoftwareFingerprint
+    trials: int = 0
+    tuning_seconds: float = 0.0
+    created_at: datetime
+
+    @field_validator("median_ms")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if not v > 0 or v != v or v == float("inf"):
+            raise ValueError(f"median_ms must be a positive finite time, got {v}")
+        return v
+
+    @property
+    def key_id(self) -> str:
+        return self.key.key_id
+
+    @property
+    def speedup(self) -> Optional[float]:
+        if self.sdpa_default_ms:
+            return self.sdpa_default_ms / self.median_ms
+        return None
+
+
+Status = Literal["valid", "stale", "rejected"]
+
+
+class CachedRow(BaseModel):
+    """A row read back from one cache layer, with its verdict."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key_id: str
+    origin: str  # which layer: "user", "system", or a URL
+    status: Status
+    reasons: List[str] = []
+    record: Optional[WinnerRecord] = None
+
+
+def row_to_record(row: Dict[str, Any]) -> WinnerRecord:
+    """Parse a raw DB row (dict of columns). Raises ValueError/ValidationError on malformed content."""
+    return WinnerRecord(
+        key=TuneKey.model_validate_json(row["key_json"]),
+        variant=row["variant"],
+        config=json.loads(row["config_json"]),
+        median_ms=row["median_ms"],
+        tflops=row.get("tflops"),
+        tbps=row.get("tbps"),
+        runner_up=row.get("runner_up"),
+        runner_up_config=json.loads(row["runner_up_config_json"]) if row.get("runner_up_config_json") else None,
+        runner_up_ms=row.get("runner_up_ms"),
+        sdpa_default_ms=row.get("sdpa_default_ms"),
+        max_error=row.get("max_error"),
+        fingerprint=SoftwareFingerprint.model_validate_json(row["fingerprint_json"]),
+        trials=row.get("trials") or 0,
+        tuning_seconds=row.get("tuning_seconds") or 0.0,
+        created_at=row["created_at"],
+    )
+
+
+def record_to_row(rec: WinnerRecord) -> Dict[str, Any]:
+    return {
+        "key_id": rec.key_id,
+        "key_json": rec.key.model_dump_json(),
+        "arch": rec.key.device.arch,
+        "dtype": rec.key.dtype,
+        "mode": rec.key.mode,
+        "variant": rec.variant,
+        "config_json": json.dumps(rec.config, sort_keys=True),
+        "median_ms": rec.median_ms,
+        "tflops": rec.tflops,
+        "tbps": rec.tbps,
+        "runner_up": rec.runner_up,
+        "runner_up_config_json": json.dumps(rec.runner_up_config, sort_keys=True) if rec.runner_up_config else None,
+        "runner_up_ms": rec.runner_up_ms,
+        "sdpa_default_ms": rec.sdpa_default_ms,
+        "max_error": rec.max_error,
+        "fingerprint_json": rec.fingerprint.model_dump_json(),
+        "trials": rec.trials,
+        "tuning_seconds": rec.tuning_seconds,
+        "created_at": rec.created_at,
+    }
+
+
+def judge(raw: Dict[str, Any], origin: str) -> CachedRow:
+    """Validate one raw row: parse it, check the variant exists, its config is inside the variant's
+    declared space, its key matches its id, and its fingerprint matches the running software.
+    Never raises; a bad row is returned as ``rejected`` (or ``stale``) with the reasons."""
+    from attntune.kernels import registry  # kernels import the core, not the other way round
+
+    key_id = str(raw.get("key_id", "?"))
+    try:
+        rec = row_to_record(raw)
+    except (ValidationError, ValueError, TypeError, KeyError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return CachedRow(key_id=key_id, origin=origin, status="rejected", reasons=[f"malformed row: {msg}"])
+    if rec.key_id != key_id:
+        return CachedRow(key_id=key_id, origin=origin, status="rejected",
+                         reasons=["key_id does not match the stored key"], record=rec)
+    if not registry.exists(rec.variant):
+        return CachedRow(key_id=key_id, origin=origin, status="rejected",
+                         reasons=[f"unknown variant {rec.variant!r}"], record=rec)
+    variant = registry.get(rec.variant)
+    try:
+        problem = rec.key.representative()
+        bad = variant.space(problem).validate(rec.config)
+    except Exception as e:  # noqa: BLE001
+        bad = [f"space check raised {type(e).__name__}: {e}"]
+    if bad:
+        return CachedRow(key_id=key_id, origin=origin, status="rejected",
+                         reasons=[f"config out of domain: {'; '.join(bad)}"], record=rec)
+    current = software_fingerprint(variant.source_hash(), rec.key.device.device_type)
+    stale = rec.fingerprint.stale_reasons(current)
+    if stale:
+        return CachedRow(key_id=key_id, origin=origin, status="stale", reasons=stale, record=rec)
+    return CachedRow(key_id=key_id, origin=origin, status="valid", record=rec)

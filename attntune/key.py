@@ -1,0 +1,135 @@
+"""Tuning keys: a problem with its sizes bucketed, plus the device fingerprint.
+
+Any runtime call maps to a key; buckets only decide which measurement speaks for a call, never what is
+computed (every kernel is correct for any shape under any valid config).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Optional, Tuple
+
+from pydantic import BaseModel, ConfigDict
+
+from attntune.device import DeviceFingerprint
+from attntune.problem import AttentionProblem, Align, Mode
+
+
+def bucket(n: int) -> int:
+    """The bucket of a size (sequence length or batch): exact up to 16, then the next value of the
+    series 16, 24, 32, 48, 64, 96, 128, … (powers of two and their midpoints, 1.5·2^k), rounding up.
+
+    >>> [bucket(n) for n in (0, 1, 2, 3, 15, 16, 17, 24, 25, 97, 1000, 1024, 1025, 2048, 4097)]
+    [0, 1, 2, 3, 15, 16, 24, 24, 32, 128, 1024, 1024, 1536, 2048, 6144]
+    >>> bucket(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: n: must be >= 0, got -1
+    """
+    if n < 0:
+        raise ValueError(f"n: must be >= 0, got {n}")
+    if n <= 16:
+        return n
+    p = 1 << (n - 1).bit_length()  # next power of two >= n
+    mid = 3 * p // 4
+    return mid if n <= mid else p
+
+
+def window_bucket(w: int) -> int:
+    """Window sides are bucketed like sizes; -1 (unbounded) stays -1.
+
+    >>> [window_bucket(w) for w in (-1, 0, 5, 100, 1024, 4000)]
+    [-1, 0, 5, 128, 1024, 4096]
+    """
+    return -1 if w < 0 else bucket(w)
+
+
+def log_distance(a: int, b: int) -> float:
+    """Distance between two sizes on a log scale (used to find the nearest tuned bucket).
+
+    >>> log_distance(1024, 2048) == log_distance(2048, 4096)
+    True
+    """
+    return abs(math.log2(a + 1) - math.log2(b + 1))
+
+
+class TuneKey(BaseModel):
+    """What a winner is stored under. Fields not bucketed must match exactly for a row to apply."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: DeviceFingerprint
+    dtype: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_kv: int
+    head_dim: int
+    head_dim_v: int
+    causal: bool
+    causal_align: Align
+    window: Optional[Tuple[int, int]]
+    kv_lens: bool
+    mode: Mode
+    approx: bool
+
+    @classmethod
+    def from_problem(cls, problem: AttentionProblem, device: DeviceFingerprint) -> "TuneKey":
+        # Alignment only changes the mask when the lengths differ or there is no causal/window mask.
+        align = problem.causal_align
+        if problem.seqlen_q == problem.seqlen_kv or not (problem.causal or problem.window):
+            align = "bottom_right"
+        return cls(
+            device=device, dtype=problem.dtype, batch=bucket(problem.batch), heads_q=problem.heads_q,
+            heads_kv=problem.heads_kv, seqlen_q=bucket(problem.seqlen_q),
+            seqlen_kv=bucket(problem.seqlen_kv), head_dim=problem.head_dim,
+            head_dim_v=problem.head_dim_v, causal=problem.causal, causal_align=align,
+            window=None if problem.window is None else tuple(window_bucket(w) for w in problem.window),
+            kv_lens=problem.kv_lens, mode=problem.mode, approx=problem.approx,
+        )
+
+    def representative(self) -> AttentionProblem:
+        """A concrete problem at this key's bucket sizes — what the tuner measures."""
+        return AttentionProblem(
+            batch=max(self.batch, 1), heads_q=self.heads_q, heads_kv=self.heads_kv,
+            seqlen_q=self.seqlen_q, seqlen_kv=self.seqlen_kv, head_dim=self.head_dim,
+            head_dim_v=self.head_dim_v, dtype=self.dtype, device_type=self.device.device_type,
+            causal=self.causal, causal_align=self.causal_align, window=self.window,
+            kv_lens=self.kv_lens, mode=self.mode, approx=self.approx,
+        )
+
+    def family(self) -> tuple:
+        """Everything but the bucketed sizes: keys of one family may stand in for each other."""
+        return (self.device.arch, self.device.name, self.dtype, self.heads_q, self.heads_kv,
+                self.head_dim, self.head_dim_v, self.causal, self.causal_align,
+                self.window is not None, self.kv_lens, self.mode, self.approx)
+
+    def distance(self, other: "TuneKey") -> float:
+        """Log-distance over the bucketed sizes (and window sides); inf across families."""
+        if self.family() != other.family():
+            return math.inf
+        d = (log_distance(self.seqlen_q, other.seqlen_q) + log_distance(self.seqlen_kv, other.seqlen_kv)
+             + 0.5 * log_distance(self.batch, other.batch))
+        if self.window is not None and other.window is not None:
+            d += sum(log_distance(max(a, 0), max(b, 0)) for a, b in zip(self.window, other.window))
+        return d
+
+    @property
+    def key_id(self) -> str:
+        """A stable id (sha1 of the canonical JSON): the cache's primary key."""
+        return hashlib.sha1(self.model_dump_json().encode()).hexdigest()[:20]
+
+    def short(self) -> str:
+        s = (f"B{self.batch} H{self.heads_q}/{self.heads_kv} S{self.seqlen_q}x{self.seqlen_kv} "
+             f"D{self.head_dim} {self.dtype}")
+        if self.causal:
+            s += " causal"
+        if self.window is not None:
+            s += f" win({self.window[0]},{self.window[1]})"
+        if self.kv_lens:
+            s += " kv_lens"
+        if self.approx:
+            s += " approx"
+        return s + f" {self.mode}"

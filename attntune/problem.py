@@ -1,0 +1,239 @@
+"""The attention problem: what one attention call asks for, independent of any implementation.
+
+Tensor layout everywhere in attntune (the layout of ``torch.nn.functional.scaled_dot_product_attention``):
+
+    q: [B, Hq, Sq, D]      k: [B, Hkv, Skv, D]      v: [B, Hkv, Skv, Dv]      out: [B, Hq, Sq, Dv]
+
+with ``Hq % Hkv == 0`` (GQA/MQA: query head ``h`` reads kv head ``h // (Hq // Hkv)``).
+
+Mask semantics (exact). Let ``off = Skv - Sq`` when ``causal_align == "bottom_right"`` and ``0`` when
+``"top_left"``. Query row ``i`` may attend key column ``j`` iff all of these hold:
+
+* causal:            ``j <= i + off``
+* window (l, r):     ``i + off - l <= j <= i + off + r`` (a side given as -1 is unbounded)
+* kv_lens:           ``j < kv_lens[b]`` (per batch element)
+
+A row with no admissible key yields zeros (as FlashAttention), never NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Tuple
+
+import torch
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+Mode = Literal["fwd", "fwd_bwd"]
+Align = Literal["bottom_right", "top_left"]
+
+DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype: unsupported {dtype}; expected one of {sorted(DTYPES)}") from None
+
+
+class AttentionProblem(BaseModel):
+    """One attention call's signature (shapes, dtype, semantics) — hashable, frozen.
+
+    ``window`` is ``(left, right)``; -1 on a side means unbounded on that side. ``None`` means no window.
+    ``scale`` ``None`` means ``1/sqrt(head_dim)``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_kv: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    device_type: str = "cpu"
+    causal: bool = False
+    causal_align: Align = "bottom_right"
+    window: Optional[Tuple[int, int]] = None
+    kv_lens: bool = False
+    mode: Mode = "fwd"
+    approx: bool = False
+    scale: Optional[float] = None
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        if v not in DTYPES:
+            raise ValueError(f"dtype: unsupported {v!r}; expected one of {sorted(DTYPES)}")
+        return v
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v):
+        if v is None:
+            return v
+        left, right = v
+        if left < -1 or right < -1:
+            raise ValueError(f"window: sides must be >= 0 or -1 (unbounded), got {v}")
+        return (int(left), int(right))
+
+    @model_validator(mode="after")
+    def _check(self) -> "AttentionProblem":
+        for name in ("batch", "heads_q", "heads_kv", "head_dim", "head_dim_v"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("seqlen_q", "seqlen_kv"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(
+                f"heads_kv: heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})"
+            )
+        return self
+
+    # ---- derived -------------------------------------------------------------------------------
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head (1 = MHA)."""
+        return self.heads_q // self.heads_kv
+
+    @property
+    def offset(self) -> int:
+        """Column offset of query row 0 on the key axis (see module docstring)."""
+        return self.seqlen_kv - self.seqlen_q if self.causal_align == "bottom_right" else 0
+
+    @property
+    def window_bounds(self) -> Tuple[Optional[int], Optional[int]]:
+        """Effective (left, right) reach in keys, combining causal and window; None = unbounded."""
+        left = right = None
+        if self.window is not None:
+            left = None if self.window[0] < 0 else self.window[0]
+            right = None if self.window[1] < 0 else self.window[1]
+        if self.causal:
+            right = 0 if right is None else min(right, 0)
+        return left, right
+
+    @property
+    def is_local(self) -> bool:
+        """True when a finite left window makes the cost grow with S*W rather than S^2."""
+        return self.window_bounds[0] is not None
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else self.head_dim ** -0.5
+
+    def attended_pairs(self) -> int:
+        """Number of (query, key) pairs the mask admits, per batch element and head (kv_lens ignored)."""
+        i = torch.arange(self.seqlen_q, dtype=torch.int64) + self.offset
+        lo = torch.zeros_like(i)
+        hi = torch.full_like(i, self.seqlen_kv - 1)
+        left, right = self.window_bounds
+        if left is not None:
+            lo = torch.clamp(i - left, min=0)
+        if right is not None:
+            hi = torch.clamp(i + right, max=self.seqlen_kv - 1)
+        return int((hi - lo + 1).clamp(min=0).sum())
+
+    def flops(self) -> float:
+        """FLOPs: 4*D per admitted (q, k) pair (QK^T and PV) times B*Hq — so causal is about half of
+        4*B*H*Sq*Skv*D; forward+backward counts 3.5x the forward (as the baselines do)."""
+        d = (self.head_dim + self.head_dim_v) / 2
+        f = 4.0 * self.batch * self.heads_q * self.attended_pairs() * d
+        return f * (3.5 if self.mode == "fwd_bwd" else 1.0)
+
+    def bytes_moved(self) -> float:
+        """Fewest bytes a forward must move: Q, K, V read once, O written once."""
+        es = self.torch_dtype.itemsize
+        q = self.batch * self.heads_q * self.seqlen_q * self.head_dim
+        k = self.batch * self.heads_kv * self.seqlen_kv * self.head_dim
+        v = self.batch * self.heads_kv * self.seqlen_kv * self.head_dim_v
+        o = self.batch * self.heads_q * self.seqlen_q * self.head_dim_v
+        return float((q + k + v + o) * es)
+
+    def short(self) -> str:
+        s = (f"B{self.batch} H{self.heads_q}/{self.heads_kv} S{self.seqlen_q}x{self.seqlen_kv} "
+             f"D{self.head_dim} {self.dtype}")
+        if self.causal:
+            s += " causal" + ("" if self.causal_align == "bottom_right" else "(top-left)")
+        if self.window is not None:
+            s += f" win{self.window}"
+        if self.kv_lens:
+            s += " kv_lens"
+        return s + f" {self.mode}"
+
+
+def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 kv_lens: Optional[torch.Tensor] = None) -> None:
+    """Raise ``ValueError`` naming the offending argument when q/k/v/kv_lens do not fit together."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-D tensor [B, H, S, D], got shape {tuple(t.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"k/v: dtype must match q ({q.dtype}), got k {k.dtype}, v {v.dtype}")
+    if q.dtype not in DTYPE_NAMES:
+        raise ValueError(f"q: unsupported dtype {q.dtype}; expected one of {sorted(DTYPES)}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"k/v: device must match q ({q.device}), got k {k.device}, v {v.device}")
+    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+        raise ValueError(f"k/v: batch must match q ({q.shape[0]}), got k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"k: head_dim {k.shape[3]} must match q's head_dim {q.shape[3]}")
+    if v.shape[1] != k.shape[1]:
+        raise ValueError(f"v: heads {v.shape[1]} must match k's heads {k.shape[1]}")
+    if v.shape[2] != k.shape[2]:
+        raise ValueError(f"v: seqlen {v.shape[2]} must match k's seqlen {k.shape[2]}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"k: heads_q ({q.shape[1]}) must be a multiple of heads_kv ({k.shape[1]})")
+    if kv_lens is not None:
+        if not isinstance(kv_lens, torch.Tensor) or kv_lens.dim() != 1 or kv_lens.shape[0] != q.shape[0]:
+            raise ValueError(f"kv_lens: expected a 1-D integer tensor of length batch={q.shape[0]}")
+        if kv_lens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"kv_lens: expected int32 or int64, got {kv_lens.dtype}")
+        if kv_lens.device != q.device:
+            raise ValueError(f"kv_lens: device must match q ({q.device}), got {kv_lens.device}")
+
+
+def problem_from_tensors(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    causal_align: Align = "bottom_right",
+    window: Optional[Tuple[int, int]] = None,
+    kv_lens: Optional[torch.Tensor] = None,
+    mode: Optional[Mode] = None,
+    approx: bool = False,
+    scale: Optional[float] = None,
+    validate: bool = True,
+) -> AttentionProblem:
+    """Build the problem of a call in O(1) (shapes only; no data is read).
+
+    ``mode`` defaults to ``fwd_bwd`` when grad is enabled and any input requires grad.
+    """
+    if validate:
+        validate_qkv(q, k, v, kv_lens)
+    if mode is None:
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        mode = "fwd_bwd" if needs_grad else "fwd"
+    return AttentionProblem(
+        batch=q.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
+        seqlen_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=dtype_name(q.dtype),
+        device_type=q.device.type, causal=bool(causal), causal_align=causal_align,
+        window=None if window is None else (int(window[0]), int(window[1])),
+        kv_lens=kv_lens is not None, mode=mode, approx=bool(approx), scale=scale,
+    )

@@ -1,0 +1,151 @@
+"""The variant contract: what every attention implementation declares to the tuner and the runtime.
+
+Call order (who calls what, when):
+
+* ``supports(problem)`` — by the tuner when it builds a key's candidates, by the runtime policy when it
+  resolves a plan (once per shape signature), and by ``attntune doctor``. Cheap, no device work.
+* ``space(problem)`` — by the tuner (to sample configs) and by the cache reader (to validate a stored
+  config before it is ever executed). Must be deterministic for a problem.
+* ``run(q, k, v, problem, config, kv_lens)`` — on the hot path, for every call. ``config`` has been
+  validated against ``space(problem)`` already; ``run`` must not re-validate it.
+* ``source_hash()`` — once per process; stored with tuned rows so a kernel change makes them stale.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import hashlib
+import inspect
+import itertools
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from attntune.problem import AttentionProblem
+
+Config = Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable launch parameter with a finite, ordered domain."""
+
+    name: str
+    choices: Tuple[Any, ...]
+
+    def __post_init__(self):
+        if not self.choices:
+            raise ValueError(f"Param {self.name}: empty domain")
+
+
+@dataclass(frozen=True)
+class Space:
+    """A variant's tunable parameters for one problem.
+
+    ``constraint(config)`` returns the reasons a combination is invalid (shared memory, register
+    pressure, …); an empty list means valid. ``default`` is tried first and used by heuristics.
+    """
+
+    params: Tuple[Param, ...] = ()
+    constraint: Optional[Callable[[Config], List[str]]] = field(default=None, compare=False)
+    default: Optional[Config] = None
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def raw_size(self) -> int:
+        n = 1
+        for p in self.params:
+            n *= len(p.choices)
+        return n
+
+    def validate(self, config: Any) -> List[str]:
+        """Reasons ``config`` must not be executed (empty = valid). Never raises."""
+        if not isinstance(config, dict):
+            return [f"config is {type(config).__name__}, not an object"]
+        reasons = []
+        extra = set(config) - set(self.names)
+        if extra:
+            reasons.append(f"unknown parameters {sorted(extra)}")
+        for p in self.params:
+            if p.name not in config:
+                reasons.append(f"missing parameter {p.name}")
+            elif config[p.name] not in p.choices or type(config[p.name]) is not type(p.choices[0]):
+                reasons.append(f"{p.name}={config[p.name]!r} outside {list(p.choices)}")
+        if not reasons and self.constraint is not None:
+            reasons.extend(self.constraint(config))
+        return reasons
+
+    def grid(self) -> Iterator[Config]:
+        """Every valid config, in declaration order (first choices first)."""
+        for values in itertools.product(*(p.choices for p in self.params)):
+            cfg = dict(zip(self.names, values))
+            if self.constraint is None or not self.constraint(cfg):
+                yield cfg
+
+    def first(self) -> Config:
+        """The default config if valid, else the first valid one of the grid."""
+        if self.default is not None and not self.validate(self.default):
+            return dict(self.default)
+        for cfg in self.grid():
+            return cfg
+        raise ValueError("space has no valid configuration")
+
+
+class Variant(abc.ABC):
+    """One attention implementation. Subclasses are instantiated once and registered."""
+
+    #: unique registry name, e.g. ``"sdpa_flash"`` or ``"triton_flash"``
+    name: ClassVar[str]
+    #: False for approximations (Nyström): never chosen unless approximation is allowed
+    exact: ClassVar[bool] = True
+    #: one line for ``attntune doctor`` / ``explain``
+    description: ClassVar[str] = ""
+    #: "sdpa", "triton", "reference", "flex": for filters (ATTNTUNE_TRITON=0) and reports
+    family: ClassVar[str] = "other"
+    #: modules whose source defines this variant's numerics/speed (hashed into the fingerprint)
+    source_modules: ClassVar[Sequence[str]] = ()
+
+    @abc.abstractmethod
+    def supports(self, problem: AttentionProblem) -> List[str]:
+        """Reasons this variant cannot run ``problem`` on this machine; empty = it can."""
+
+    def space(self, problem: AttentionProblem) -> Space:
+        """Tunable parameters for ``problem`` (default: none)."""
+        return Space()
+
+    @abc.abstractmethod
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem,
+            config: Config, kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Compute attention: q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv] ->
+        out [B, Hq, Sq, Dv] in q's dtype, with the mask semantics of :mod:`attntune.problem`.
+        Differentiable when ``problem.mode == "fwd_bwd"``."""
+
+    @functools.cached_property
+    def _hash(self) -> str:
+        h = hashlib.sha1(self.name.encode())
+        modules = list(self.source_modules) or [type(self).__module__]
+        for mod in modules:
+            m = sys.modules.get(mod)
+            if m is None:
+                __import__(mod)
+                m = sys.modules[mod]
+            try:
+                h.update(inspect.getsource(m).encode())
+            except (OSError, TypeError):
+                h.update(mod.encode())
+        return h.hexdigest()[:16]
+
+    def source_hash(self) -> str:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"<variant {self.name}>"
+
+
+def gpu_only_reasons(problem: AttentionProblem) -> List[str]:
+    return [] if problem.device_type == "cuda" else ["needs a CUDA/ROCm device"]

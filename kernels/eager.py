@@ -1,0 +1,37 @@
+"""The eager variant: attention written with torch matmuls and a materialised mask.
+
+Runs every exact problem attntune knows (any mask, kv_lens, GQA, alignment) on any device — the safe
+fallback of the runtime, and the "eager attention" of the end-to-end benchmarks. O(Sq·Skv) memory.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from attntune.kernels.base import Config, Variant
+from attntune.kernels.reference import masked_softmax_attention
+from attntune.problem import AttentionProblem
+
+# Above this many score elements per call the materialised score matrix is a memory hazard.
+_MAX_SCORES = 1 << 34
+
+
+class EagerVariant(Variant):
+    name = "eager"
+    family = "reference"
+    description = "torch matmul + softmax with a materialised mask (safe fallback, O(S^2) memory)"
+
+    def supports(self, problem: AttentionProblem) -> List[str]:
+        n = problem.batch * problem.heads_q * problem.seqlen_q * problem.seqlen_kv
+        if n > _MAX_SCORES:
+            return [f"score matrix of {n} elements would not fit"]
+        return []
+
+    def run(self, q, k, v, problem: AttentionProblem, config: Config,
+            kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return masked_softmax_attention(q, k, v, problem, kv_lens).to(q.dtype)
+
+
+VARIANTS = [EagerVariant()]

@@ -1,0 +1,76 @@
+"""The variant registry: the one place that knows which implementations exist.
+
+Nothing else in attntune branches on variant names; it asks the registry and the variants.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Tuple
+
+from attntune.kernels.base import Variant
+from attntune.problem import AttentionProblem
+
+_REGISTRY: Dict[str, Variant] = {}
+
+
+def register(variant: Variant) -> Variant:
+    """Add a variant instance. Names are unique; re-registering the same class is a no-op."""
+    name = variant.name
+    old = _REGISTRY.get(name)
+    if old is not None and type(old) is not type(variant):
+        raise ValueError(f"variant name {name!r} already registered by {type(old).__name__}")
+    _REGISTRY[name] = variant
+    return variant
+
+
+def unregister(name: str) -> None:
+    """Remove a variant (tests use this to add throw-away variants)."""
+    _REGISTRY.pop(name, None)
+
+
+def get(name: str) -> Variant:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown variant {name!r}; known: {sorted(_REGISTRY)}") from None
+
+
+def exists(name: str) -> bool:
+    return name in _REGISTRY
+
+
+def all_variants() -> List[Variant]:
+    return list(_REGISTRY.values())
+
+
+def env_reasons(variant: Variant) -> List[str]:
+    """Reasons the environment switches exclude a variant (``ATTNTUNE_TRITON``, ``ATTNTUNE_VARIANTS``)."""
+    reasons = []
+    if os.environ.get("ATTNTUNE_TRITON", "1") == "0" and variant.family == "triton":
+        reasons.append("ATTNTUNE_TRITON=0")
+    allow = os.environ.get("ATTNTUNE_VARIANTS", "").strip()
+    if allow and variant.name not in {a.strip() for a in allow.split(",")}:
+        reasons.append("not in ATTNTUNE_VARIANTS")
+    return reasons
+
+
+def reasons(variant: Variant, problem: AttentionProblem) -> List[str]:
+    """Everything that keeps ``variant`` from ``problem``: environment, exactness, its own supports()."""
+    out = env_reasons(variant)
+    if not variant.exact and not problem.approx:
+        out.append("approximate; the call did not allow approximation")
+    try:
+        out.extend(variant.supports(problem))
+    except Exception as e:  # a buggy supports() must not take the caller down
+        out.append(f"supports() raised {type(e).__name__}: {e}")
+    return out
+
+
+def candidates(problem: AttentionProblem) -> List[Variant]:
+    """Variants that can run ``problem`` here (exact ones, plus approximate ones if allowed)."""
+    return [v for v in _REGISTRY.values() if not reasons(v, problem)]
+
+
+def explain_candidates(problem: AttentionProblem) -> List[Tuple[Variant, List[str]]]:
+    return [(v, reasons(v, problem)) for v in _REGISTRY.values()]

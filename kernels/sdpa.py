@@ -1,0 +1,123 @@
+"""PyTorch SDPA as variants: torch's own choice (``sdpa_default``) and each backend forced alone.
+
+Masks that ``is_causal`` cannot express (bottom-right causal with Sq != Skv, windows, kv_lens) go in
+as a materialised boolean ``attn_mask`` — the cost a user pays today without attntune. GQA goes in as
+``enable_gqa`` where the backend takes it, else K/V are expanded (also a real cost, measured as such).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attntune.kernels.base import Config, Variant
+from attntune.kernels.masks import build_mask, needs_mask
+from attntune.kernels.reference import expand_kv
+from attntune.problem import AttentionProblem
+
+_GPU_DTYPES_16 = ("float16", "bfloat16")
+
+
+class SdpaVariant(Variant):
+    """``torch.nn.functional.scaled_dot_product_attention`` with one backend forced (or none)."""
+
+    family = "sdpa"
+    source_modules = ("attntune.kernels.sdpa", "attntune.kernels.masks")
+
+    def __init__(self, name: str, backend: Optional[SDPBackend], description: str,
+                 gpu_only: bool, gpu_dtypes: tuple, native_gqa: bool):
+        self.name = name
+        self.backend = backend
+        self.description = description
+        self.gpu_only = gpu_only
+        self.gpu_dtypes = gpu_dtypes
+        self.native_gqa = native_gqa
+
+    # ---- supports ---------------------------------------------------------------------------
+    def supports(self, problem: AttentionProblem) -> List[str]:
+        reasons = []
+        gpu = problem.device_type == "cuda"
+        if self.gpu_only and not gpu:
+            reasons.append("needs a CUDA/ROCm device")
+        if gpu and problem.dtype not in self.gpu_dtypes:
+            reasons.append(f"{problem.dtype} not supported by this backend on GPU")
+        if problem.seqlen_q == 0 or problem.seqlen_kv == 0:
+            reasons.append("empty sequence")
+        if reasons or not gpu or self.backend is None or self.backend == SDPBackend.MATH:
+            return reasons
+        return _torch_gpu_reasons(self.backend, problem)
+
+    # ---- run --------------------------------------------------------------------------------
+    def run(self, q, k, v, problem: AttentionProblem, config: Config,
+            kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        mask = build_mask(problem, q.device, kv_lens) if needs_mask(problem) else None
+        is_causal = problem.causal and mask is None
+        gqa = problem.group > 1
+        if gqa and not self.native_gqa:
+            k, v = expand_kv(k, v, problem.group)
+            gqa = False
+        kwargs = dict(attn_mask=mask, is_causal=is_causal, scale=problem.scale)
+        if gqa:
+            kwargs["enable_gqa"] = True
+        if self.backend is None:
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        with sdpa_kernel(self.backend):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _torch_gpu_reasons(backend: SDPBackend, problem: AttentionProblem) -> List[str]:
+    """Ask torch itself (``can_use_*`` with ``debug=True``) whether a backend takes the problem; its
+    warnings are the reasons. Probed with zero-stride views, so no memory is allocated."""
+    checks = {
+        SDPBackend.FLASH_ATTENTION: torch.backends.cuda.can_use_flash_attention,
+        SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.can_use_efficient_attention,
+        SDPBackend.CUDNN_ATTENTION: getattr(torch.backends.cuda, "can_use_cudnn_attention", None),
+    }
+    check = checks.get(backend)
+    if check is None:
+        return []
+    dev, dt = "cuda", problem.torch_dtype
+
+    def view(b, h, s, d):
+        return torch.empty((1, 1, 1, d), device=dev, dtype=dt).expand(b, h, s, d)
+
+    q = view(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim)
+    expand = problem.group > 1 and backend != SDPBackend.FLASH_ATTENTION
+    hk = problem.heads_q if expand else problem.heads_kv
+    k = view(problem.batch, hk, problem.seqlen_kv, problem.head_dim)
+    v = view(problem.batch, hk, problem.seqlen_kv, problem.head_dim_v)
+    mask = None
+    if needs_mask(problem):
+        mask = torch.empty((1, 1), device=dev, dtype=torch.bool).expand(problem.seqlen_q, problem.seqlen_kv)
+    try:
+        params = torch.backends.cuda.SDPAParams(q, k, v, mask, 0.0, problem.causal and mask is None,
+                                                problem.group > 1 and not expand)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ok = check(params, True)
+    except Exception as e:  # API drift across torch versions: let the tuner's trial decide
+        return [] if not isinstance(e, RuntimeError) else [f"torch rejected the probe: {e}"]
+    if ok:
+        return []
+    msgs = [str(w.message).strip().splitlines()[0] for w in caught]
+    return msgs or [f"torch reports {backend.name} cannot run this problem"]
+
+
+VARIANTS = [
+    SdpaVariant("sdpa_default", None, "torch SDPA, torch's own backend choice", False,
+                ("float16", "bfloat16", "float32", "float64"), True),
+    SdpaVariant("sdpa_flash", SDPBackend.FLASH_ATTENTION, "torch SDPA, FlashAttention-2 backend "
+                "(CPU: torch's flash CPU kernel)", False, _GPU_DTYPES_16, True),
+    SdpaVariant("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION, "torch SDPA, memory-efficient "
+                "(xFormers/CUTLASS) backend", True, ("float16", "bfloat16", "float32"), False),
+    SdpaVariant("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION, "torch SDPA, cuDNN backend", True,
+                _GPU_DTYPES_16, False),
+    SdpaVariant("sdpa_math", SDPBackend.MATH, "torch SDPA, math backend (composite ops)", False,
+                ("float16", "bfloat16", "float32", "float64"), True),
+]

@@ -1,0 +1,28 @@
+"""Test set-up. Without a GPU, Triton kernels run under the interpreter: TRITON_INTERPRET must be set
+before triton decorates any kernel, i.e. before attntune.kernels is imported — hence here, first."""
+
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """Every test gets its own user cache and no shipped cache, unless it sets one itself."""
+    monkeypatch.setenv("ATTNTUNE_CACHE", str(tmp_path / "user-cache.db"))
+    monkeypatch.setenv("ATTNTUNE_SYSTEM_CACHE", "")
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,31 @@
+"""Shared test helpers: random inputs, poisoning, tolerance checks."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from attntune.tolerances import bwd_tol, fwd_tol
+
+
+def rand_qkv(b, hq, hkv, sq, skv, d, dtype=torch.float32, device="cpu", dv=None, requires_grad=False, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dv = dv or d
+
+    def r(*shape):
+        t = torch.randn(*shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+        return t.requires_grad_(requires_grad)
+
+    return r(b, hq, sq, d), r(b, hkv, skv, d), r(b, hkv, skv, dv)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: str, backward: bool = False, tf32: bool = False,
+                 what: str = "output"):
+    assert torch.isfinite(out).all(), f"{what}: non-finite values"
+    atol, rtol = (bwd_tol if backward else fwd_tol)(dtype, tf32)
+    torch.testing.assert_close(out.to(ref.dtype), ref, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+
+
+def poison_like(t: torch.Tensor, value: float = float("nan")) -> torch.Tensor:
+    return torch.full_like(t, value)
