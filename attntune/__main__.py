@@ -1,0 +1,3 @@
+from attntune.cli import main
+
+main()
