@@ -7,6 +7,8 @@ import pytest
 import torch
 
 HAS_GPU = torch.cuda.is_available()
+# Wide, plain rich output so CLI assertions don't depend on line wrapping.
+os.environ.setdefault("COLUMNS", "250")
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -1,0 +1,205 @@
+"""Cache: round trip, layering, upsert keeps the better row, stale/poisoned rows rejected, broken files."""
+
+import json
+import sqlite3
+import warnings
+
+import pytest
+import torch
+
+from attntune.cache import CacheStore, LayeredCache, WinnerRecord, judge, utcnow
+from attntune.cache import layered as layered_mod
+from attntune.cache.models import record_to_row
+from attntune.device import SoftwareFingerprint, device_fingerprint, software_fingerprint
+from attntune.key import TuneKey
+from attntune.kernels import registry
+from attntune.problem import AttentionProblem
+
+
+def make_key(sq=100, d=16, dtype="float32"):
+    p = AttentionProblem(batch=2, heads_q=4, heads_kv=4, seqlen_q=sq, seqlen_kv=sq, head_dim=d, head_dim_v=d,
+                         dtype=dtype, device_type="cpu")
+    return TuneKey.from_problem(p, device_fingerprint("cpu"))
+
+
+def make_rec(key=None, variant="sdpa_math", ms=1.0, config=None, **kw):
+    key = key or make_key()
+    v = registry.get(variant)
+    return WinnerRecord(key=key, variant=variant, config=config or {}, median_ms=ms,
+                        fingerprint=software_fingerprint(v.source_hash(), "cpu"), created_at=utcnow(), **kw)
+
+
+def test_round_trip(tmp_path):
+    st = CacheStore(tmp_path / "c.db")
+    rec = make_rec(sdpa_default_ms=2.0, runner_up="sdpa_flash", runner_up_ms=1.5, max_error=1e-6, trials=7)
+    assert st.upsert_winner(rec)
+    st2 = CacheStore(tmp_path / "c.db")  # a fresh connection reads the same thing back
+    rows = [judge(r, "user") for r in st2.raw_winners()]
+    assert len(rows) == 1 and rows[0].status == "valid"
+    assert rows[0].record == rec
+    assert rows[0].record.speedup == pytest.approx(2.0)
+
+
+def test_upsert_keeps_faster(tmp_path):
+    st = CacheStore(tmp_path / "c.db")
+    assert st.upsert_winner(make_rec(ms=1.0))
+    assert not st.upsert_winner(make_rec(variant="sdpa_flash", ms=2.0))
+    assert st.raw_winner(make_key().key_id)["variant"] == "sdpa_math"
+    assert st.upsert_winner(make_rec(variant="sdpa_flash", ms=0.5))
+    assert st.raw_winner(make_key().key_id)["variant"] == "sdpa_flash"
+    assert st.upsert_winner(make_rec(ms=3.0), force=True)
+    assert st.raw_winner(make_key().key_id)["median_ms"] == 3.0
+    assert st.count() == 1
+
+
+def test_layering_user_over_system(tmp_path):
+    sys_st = CacheStore(tmp_path / "sys.db")
+    sys_st.upsert_winner(make_rec(ms=1.0))
+    sys_st.upsert_winner(make_rec(key=make_key(sq=1000), ms=9.0))
+    sys_st.prepare_for_shipping()
+    sys_st.dispose()
+    user = CacheStore(tmp_path / "user.db")
+    user.upsert_winner(make_rec(variant="sdpa_flash", ms=5.0))  # user row wins even though slower
+    lc = LayeredCache([("user", user), ("system", CacheStore(tmp_path / "sys.db", readonly=True))])
+    eff = lc.effective()
+    assert eff[make_key().key_id].record.variant == "sdpa_flash" and eff[make_key().key_id].origin == "user"
+    assert eff[make_key(sq=1000).key_id].origin == "system"
+    assert len(lc.all_rows()) == 3
+
+
+def test_readonly_store_never_writes(tmp_path):
+    CacheStore(tmp_path / "c.db").dispose()
+    ro = CacheStore(tmp_path / "c.db", readonly=True)
+    with pytest.raises(Exception, match="read-only"):
+        ro.upsert_winner(make_rec())
+
+
+def _poison(st, key_id, **cols):
+    with sqlite3.connect(st.engine.url.database) as c:
+        sets = ", ".join(f"{k} = ?" for k in cols)
+        c.execute(f"UPDATE winners SET {sets} WHERE key_id = ?", (*cols.values(), key_id))
+
+
+@pytest.mark.parametrize("cols, status, reason", [
+    ({"variant": "no_such_variant"}, "rejected", "unknown variant"),
+    ({"config_json": "{not json"}, "rejected", "malformed"),
+    ({"config_json": json.dumps({"BLOCK_M": 10**9})}, "rejected", "unknown parameters"),
+    ({"key_json": "[]"}, "rejected", "malformed"),
+    ({"median_ms": -1.0}, "rejected", "malformed"),
+    ({"fingerprint_json": SoftwareFingerprint(torch="1.0.0", variant_hash="x").model_dump_json()}, "stale", "torch"),
+])
+def test_poisoned_rows_rejected(tmp_path, cols, status, reason):
+    st = CacheStore(tmp_path / "c.db")
+    rec = make_rec()
+    st.upsert_winner(rec)
+    _poison(st, rec.key_id, **cols)
+    [row] = LayeredCache([("user", st)]).all_rows()
+    assert row.status == status
+    assert any(reason in r for r in row.reasons), row.reasons
+
+
+def test_key_id_mismatch_rejected(tmp_path):
+    st = CacheStore(tmp_path / "c.db")
+    rec = make_rec()
+    st.upsert_winner(rec)
+    _poison(st, rec.key_id, key_json=make_key(sq=5000).model_dump_json())
+    [row] = LayeredCache([("user", st)]).all_rows()
+    assert row.status == "rejected" and "key_id" in row.reasons[0]
+
+
+def test_config_domain_checked(tmp_path):
+    from attntune.kernels.base import Param, Space, Variant
+
+    class Tunable(Variant):
+        name = "test_tunable"
+
+        def supports(self, problem):
+            return []
+
+        def space(self, problem):
+            return Space((Param("BLOCK", (16, 32)),), constraint=lambda c: ["too big"] if c["BLOCK"] > 16 else [])
+
+        def run(self, q, k, v, problem, config, kv_lens=None):
+            return q
+
+    registry.register(Tunable())
+    try:
+        ok = judge(record_to_row(make_rec(variant="test_tunable", config={"BLOCK": 16})), "t")
+        out = judge(record_to_row(make_rec(variant="test_tunable", config={"BLOCK": 64})), "t")
+        bad = judge(record_to_row(make_rec(variant="test_tunable", config={"BLOCK": 32})), "t")
+        missing = judge(record_to_row(make_rec(variant="test_tunable", config={})), "t")
+    finally:
+        registry.unregister("test_tunable")
+    assert ok.status == "valid"
+    assert out.status == "rejected" and "outside" in out.reasons[0]
+    assert bad.status == "rejected" and "too big" in bad.reasons[0]
+    assert missing.status == "rejected" and "missing" in missing.reasons[0]
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage" * 100, b"SQLite format 3\x00" + b"\x00" * 50])
+def test_broken_system_cache_warns_once(tmp_path, monkeypatch, content):
+    bad = tmp_path / "cache.db"
+    bad.write_bytes(content)
+    monkeypatch.setattr(layered_mod, "_WARNED", set())
+    monkeypatch.setenv("ATTNTUNE_SYSTEM_CACHE", str(bad))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lc = LayeredCache.open_default()
+        lc2 = LayeredCache.open_default()
+        rows = lc.effective()
+        lc2.effective()
+    assert rows == {}
+    assert [lbl for lbl, _ in lc.layers] == ["user"]
+    msgs = [str(w.message) for w in caught if "attntune" in str(w.message)]
+    assert len(msgs) == 1, msgs
+    assert bad.read_bytes() == content  # never modified
+
+
+def test_truncated_shipped_cache(tmp_path, monkeypatch):
+    good = CacheStore(tmp_path / "full.db")
+    for n in range(20):
+        good.upsert_winner(make_rec(key=make_key(sq=100 + 50 * n)))
+    good.prepare_for_shipping()
+    good.dispose()
+    data = (tmp_path / "full.db").read_bytes()
+    (tmp_path / "trunc.db").write_bytes(data[: len(data) // 3])
+    monkeypatch.setattr(layered_mod, "_WARNED", set())
+    monkeypatch.setenv("ATTNTUNE_SYSTEM_CACHE", str(tmp_path / "trunc.db"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lc = LayeredCache.open_default()
+        lc.effective()
+    assert len([w for w in caught if "attntune" in str(w.message)]) <= 1
+
+
+def test_newer_schema_refused(tmp_path):
+    st = CacheStore(tmp_path / "c.db")
+    with sqlite3.connect(st.engine.url.database) as c:
+        c.execute("UPDATE attntune_meta SET value = '999' WHERE name = 'schema_version'")
+    with pytest.raises(Exception, match="newer"):
+        CacheStore(tmp_path / "c.db")
+
+
+def test_misses_and_claims(tmp_path):
+    st = CacheStore(tmp_path / "c.db")
+    k = make_key()
+    st.record_miss(k)
+    st.record_miss(k, count=2)
+    [m] = st.misses()
+    assert m["count"] == 3 and TuneKey.model_validate_json(m["key_json"]) == k
+    assert st.claim("k1", "a", ttl_s=60)
+    assert not st.claim("k1", "b", ttl_s=60)
+    assert st.claim("k2", "b", ttl_s=-1)  # already expired: another worker may take it over
+    assert st.claim("k2", "a", ttl_s=60)
+    st.finish_claim("k2", "a")
+    assert not st.claim("k2", "b", ttl_s=-1)
+
+
+def test_shipped_cache_opens():
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parent.parent / "cache.db"
+    assert shipped.exists()
+    st = CacheStore(shipped, readonly=True)
+    rows = [judge(r, "system") for r in st.raw_winners()]
+    assert all(r.status in ("valid", "stale") for r in rows), [r.reasons for r in rows if r.status == "rejected"]

@@ -1,0 +1,78 @@
+"""Problem model: construction from tensors, validation errors naming the argument, derived sizes."""
+
+import pytest
+import torch
+
+from attntune.problem import AttentionProblem, problem_from_tensors
+
+
+def _qkv(b=2, hq=4, hkv=2, sq=5, skv=7, d=16, dv=None, dtype=torch.float32):
+    return (torch.randn(b, hq, sq, d, dtype=dtype), torch.randn(b, hkv, skv, d, dtype=dtype),
+            torch.randn(b, hkv, skv, dv or d, dtype=dtype))
+
+
+def test_from_tensors_fields():
+    q, k, v = _qkv()
+    p = problem_from_tensors(q, k, v, causal=True, window=(3, 0))
+    assert (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_kv, p.head_dim) == (2, 4, 2, 5, 7, 16)
+    assert p.dtype == "float32" and p.device_type == "cpu" and p.group == 2
+    assert p.offset == 2 and p.window_bounds == (3, 0) and p.mode == "fwd"
+    assert hash(p) == hash(problem_from_tensors(q, k, v, causal=True, window=(3, 0)))
+
+
+def test_mode_follows_requires_grad():
+    q, k, v = _qkv()
+    assert problem_from_tensors(q.requires_grad_(), k, v).mode == "fwd_bwd"
+    with torch.no_grad():
+        assert problem_from_tensors(q, k, v).mode == "fwd"
+
+
+@pytest.mark.parametrize("mutate, arg", [
+    (lambda q, k, v: (q[0], k, v), "q"),
+    (lambda q, k, v: (q, k[..., 0], v), "k"),
+    (lambda q, k, v: (q, k[:1], v[:1]), "batch"),
+    (lambda q, k, v: (q, k[..., :8], v), "head_dim"),
+    (lambda q, k, v: (q, k.double(), v.double()), "dtype"),
+    (lambda q, k, v: (q[:, :3], k, v), "heads_q"),
+    (lambda q, k, v: (q, k, v[:, :, :3]), "v"),
+])
+def test_bad_input_names_argument(mutate, arg):
+    q, k, v = mutate(*_qkv())
+    with pytest.raises(ValueError, match=arg):
+        problem_from_tensors(q, k, v)
+
+
+def test_device_mismatch_and_kv_lens_errors():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="device"):
+        problem_from_tensors(q, k.to("meta"), v)
+    with pytest.raises(ValueError, match="kv_lens"):
+        problem_from_tensors(q, k, v, kv_lens=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="kv_lens"):
+        problem_from_tensors(q, k, v, kv_lens=torch.tensor([1.0, 2.0]))
+
+
+def test_model_validation():
+    base = dict(batch=1, heads_q=8, heads_kv=2, seqlen_q=4, seqlen_kv=4, head_dim=64, head_dim_v=64, dtype="float16")
+    AttentionProblem(**base)
+    with pytest.raises(ValueError, match="heads_kv"):
+        AttentionProblem(**{**base, "heads_kv": 3})
+    with pytest.raises(ValueError, match="dtype"):
+        AttentionProblem(**{**base, "dtype": "int8"})
+    with pytest.raises(ValueError, match="window"):
+        AttentionProblem(**{**base, "window": (-2, 0)})
+
+
+@pytest.mark.parametrize("sq, skv, causal, window", [
+    (7, 7, False, None), (7, 7, True, None), (3, 9, True, None), (9, 3, True, None), (16, 16, True, (4, 0)),
+    (5, 11, False, (2, 3)),
+])
+def test_attended_pairs_matches_mask(sq, skv, causal, window):
+    from attntune.kernels.masks import build_mask
+
+    p = AttentionProblem(batch=1, heads_q=1, heads_kv=1, seqlen_q=sq, seqlen_kv=skv, head_dim=8, head_dim_v=8,
+                         dtype="float32", causal=causal, window=window)
+    m = build_mask(p, "cpu")
+    expected = sq * skv if m is None else int(m.sum())
+    assert p.attended_pairs() == expected
+    assert p.flops() == 4 * 8 * expected
