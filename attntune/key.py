@@ -51,7 +51,7 @@ def log_distance(a: int, b: int) -> float:
     >>> log_distance(1024, 2048) == log_distance(2048, 4096)
     True
     """
-    return abs(math.log2(a + 1) - math.log2(b + 1))
+    return abs(math.log2(max(a, 1)) - math.log2(max(b, 1)))
 
 
 class TuneKey(BaseModel):
