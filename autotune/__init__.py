@@ -1,0 +1,1 @@
+"""attntune.autotune — suites, correctness gate, timing and the optuna sweep (`attntune tune`)."""

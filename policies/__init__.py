@@ -1,0 +1,1 @@
+"""attntune.policies — cache index, policies, plans, dispatch, telemetry."""
