@@ -1,0 +1,208 @@
+"""Kernel suite: dispatched ``attntune.attention`` vs torch SDPA (default and each backend) and
+FlexAttention, measured side by side in one run on one GPU.
+
+Usage: python benchmarks/bench_suite.py --out results.json [--groups dense,training,decode,window,fp32]
+[--no-flex]. Timing: ``triton.testing.do_bench`` medians on random data (L2 flushed by do_bench);
+decode also under CUDA graphs (``do_bench_cudagraph``). FLOPs: AttentionProblem.flops() (4·D per
+admitted (q,k) pair, fwd+bwd 3.5x); decode bytes: K+V once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from env import environment  # noqa: E402
+
+import attntune  # noqa: E402
+from attntune.kernels import registry  # noqa: E402
+from attntune.problem import problem_from_tensors  # noqa: E402
+
+SDPA = ["sdpa_default", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"]
+
+
+def cases(groups):
+    c = []
+    if "dense" in groups:
+        for d in (64, 80, 96, 128, 256):
+            for causal in (False, True):
+                for b, s in ((16, 2048), (4, 8192)) if d in (64, 128) else ((4, 4096),):
+                    c.append(dict(group="dense", b=b, h=16 if d != 128 else 32, hkv=None, s=s, d=d, causal=causal))
+        for b, h, s in ((64, 12, 256), (32, 16, 512), (1, 32, 32768)):
+            for causal in (False, True):
+                c.append(dict(group="dense", b=b, h=h, hkv=None, s=s, d=64 if s < 32768 else 128, causal=causal))
+        c.append(dict(group="dense", b=17, h=8, hkv=2, s=1025, d=96, causal=True))  # odd shape + GQA
+    if "training" in groups:
+        for b, h, s, d in ((4, 32, 8192, 128), (8, 16, 4096, 64), (16, 16, 2048, 64)):
+            for causal in (False, True):
+                c.append(dict(group="training", b=b, h=h, hkv=None, s=s, d=d, causal=causal, bwd=True))
+    if "decode" in groups:
+        for b, kv, hkv in ((1, 1024, 8), (1, 4096, 8), (1, 8192, 8), (1, 32768, 8), (1, 131072, 8), (4, 8192, 8),
+                           (8, 32768, 8), (32, 8192, 8), (64, 4096, 8), (1, 8192, 32), (16, 2048, 32)):
+            c.append(dict(group="decode", b=b, h=32, hkv=hkv, s=1, skv=kv, d=128, causal=False, kv_lens=True))
+    if "window" in groups:
+        c.append(dict(group="window", b=1, h=32, hkv=None, s=16384, d=128, causal=True, window=1024))
+        c.append(dict(group="window", b=1, h=32, hkv=None, s=16384, d=128, causal=True, window=1024, bwd=True))
+        c.append(dict(group="window", b=4, h=16, hkv=None, s=8192, d=64, causal=True, window=512))
+    if "fp32" in groups:
+        for d in (64, 128):
+            c.append(dict(group="fp32", b=4, h=16, hkv=None, s=4096, d=d, causal=False, dtype="float32"))
+    return c
+
+
+def make_inputs(cs, device):
+    dt = getattr(torch, cs.get("dtype", "bfloat16"))
+    b, h, s, d = cs["b"], cs["h"], cs["s"], cs["d"]
+    hkv, skv = cs.get("hkv") or h, cs.get("skv") or s
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(b, h, s, d, device=device, dtype=dt, generator=g)
+    k = torch.randn(b, hkv, skv, d, device=device, dtype=dt, generator=g)
+    v = torch.randn(b, hkv, skv, d, device=device, dtype=dt, generator=g)
+    kv_lens = torch.full((b,), skv, device=device, dtype=torch.int32) if cs.get("kv_lens") else None
+    return q, k, v, kv_lens
+
+
+def bench(fn, bwd, q, k, v, graphs=False):
+    import triton.testing as tt
+
+    if bwd:
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out = fn(q, k, v)
+        g = torch.randn_like(out)
+
+        def step():
+            o = fn(q, k, v)
+            torch.autograd.grad(o, (q, k, v), g)
+    else:
+        def step():
+            with torch.no_grad():
+                fn(q, k, v)
+    step()  # compile / plan outside the timed region
+    torch.cuda.synchronize()
+    if graphs:
+        return tt.do_bench_cudagraph(step, rep=100)
+    return tt.do_bench(step, warmup=25, rep=100, return_mode="median")
+
+
+def flex_fn(cs, q):
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    s, window, causal = cs["s"], cs.get("window"), cs["causal"]
+    skv = cs.get("skv") or s
+    off = skv - s
+
+    def mod(b, h, qi, kj):
+        ok = kj <= qi + off if causal else kj >= 0
+        if window is not None:
+            ok = ok & (kj >= qi + off - window)
+        return ok
+
+    bm = create_block_mask(mod, None, None, s, skv, device=q.device) if (causal or window) else None
+    compiled = torch.compile(flex_attention, dynamic=False)
+    gqa = cs.get("hkv") not in (None, cs["h"])
+    return lambda q, k, v: compiled(q, k, v, block_mask=bm, enable_gqa=gqa)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/suite_h200.json")
+    ap.add_argument("--groups", default="dense,training,decode,window,fp32")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--fp32-precision", default="high", help="matmul precision for the fp32 group")
+    args = ap.parse_args()
+    assert torch.cuda.is_available(), "bench_suite needs a GPU"
+    dev = torch.device("cuda")
+    rows = []
+    for cs in cases(args.groups.split(",")):
+        prec = args.fp32_precision if cs.get("dtype") == "float32" else "highest"
+        torch.set_float32_matmul_precision(prec)
+        q, k, v, kv_lens = make_inputs(cs, dev)
+        bwd = cs.get("bwd", False)
+        window = None if cs.get("window") is None else (cs["window"], 0)
+        with torch.no_grad():
+            prob = problem_from_tensors(q, k, v, causal=cs["causal"], window=window, kv_lens=kv_lens,
+                                        mode="fwd_bwd" if bwd else "fwd")
+        row = {**cs, "key": prob.short(), "flops": prob.flops(), "precision": prec, "ms": {}, "errors": {}}
+
+        def at(q_, k_, v_):
+            return attntune.attention(q_, k_, v_, causal=cs["causal"], window=window, kv_lens=kv_lens)
+
+        impls = {"attntune": at}
+        for name in SDPA:
+            var = registry.get(name)
+            if not var.supports(prob):
+                impls[name] = (lambda var_: lambda q_, k_, v_: var_.run(q_, k_, v_, prob, {}, kv_lens))(var)
+            else:
+                row["errors"][name] = "; ".join(var.supports(prob))
+        if not args.no_flex and cs["group"] in ("window", "dense", "training") and (cs["s"] >= 2048 or cs.get("window")):
+            f = flex_fn(cs, q)
+            if f is not None:
+                impls["flex"] = f
+        for name, fn in impls.items():
+            try:
+                row["ms"][name] = bench(fn, bwd, q, k, v)
+                if cs["group"] == "decode":
+                    row["ms"][name + "@graph"] = bench(fn, bwd, q, k, v, graphs=True)
+            except Exception as e:  # noqa: BLE001 — a backend that cannot run this shape is a result too
+                row["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        try:
+            row["plan"] = attntune.explain(q, k, v, causal=cs["causal"], window=window, kv_lens=kv_lens).variant
+        except Exception as e:  # noqa: BLE001
+            row["plan"] = f"? ({e})"
+        ms = row["ms"]
+        sdpa_ms = [ms[n] for n in SDPA if n in ms]
+        if "attntune" in ms and "sdpa_default" in ms:
+            row["vs_sdpa_default"] = ms["sdpa_default"] / ms["attntune"]
+        if "attntune" in ms and sdpa_ms:
+            row["vs_best_sdpa"] = min(sdpa_ms) / ms["attntune"]
+        if "attntune" in ms and "flex" in ms:
+            row["vs_flex"] = ms["flex"] / ms["attntune"]
+        if "attntune" in ms:
+            row["tflops"] = prob.flops() / (ms["attntune"] * 1e-3) / 1e12
+            if cs["group"] == "decode":
+                kv_bytes = 2 * k.numel() * k.element_size()
+                row["tbps"] = kv_bytes / (ms["attntune"] * 1e-3) / 1e12
+                if "attntune@graph" in ms:
+                    row["tbps_graph"] = kv_bytes / (ms["attntune@graph"] * 1e-3) / 1e12
+                    row["vs_sdpa_default_graph"] = ms.get("sdpa_default@graph", math.nan) / ms["attntune@graph"]
+        rows.append(row)
+        print(json.dumps({k_: row[k_] for k_ in ("key", "plan", "ms") if k_ in row}
+                         | {k_: round(row[k_], 3) for k_ in ("vs_sdpa_default", "vs_best_sdpa", "vs_flex", "tflops") if k_ in row}),
+              flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    torch.set_float32_matmul_precision("highest")
+
+    def geo(xs):
+        xs = [x for x in xs if x and x == x]
+        return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+    summary = {}
+    for grp in sorted({r["group"] for r in rows}):
+        rs = [r for r in rows if r["group"] == grp]
+        summary[grp] = {"geomean_vs_sdpa_default": geo([r.get("vs_sdpa_default") for r in rs]),
+                        "min_vs_sdpa_default": min((r["vs_sdpa_default"] for r in rs if "vs_sdpa_default" in r), default=None),
+                        "geomean_vs_best_sdpa": geo([r.get("vs_best_sdpa") for r in rs]), "n": len(rs)}
+    summary["all"] = {"geomean_vs_sdpa_default": geo([r.get("vs_sdpa_default") for r in rows])}
+    doc = {"benchmark": "suite", "environment": environment(), "rows": rows, "summary": summary}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    print(f"\n{'key':58s} {'plan':14s} {'attntune':>9s} {'sdpa':>9s} {'vsSDPA':>7s} {'vsBest':>7s} {'vsFlex':>7s}")
+    for r in rows:
+        ms = r["ms"]
+        print(f"{r['key'][:58]:58s} {str(r.get('plan'))[:14]:14s} {ms.get('attntune', math.nan):9.4f} "
+              f"{ms.get('sdpa_default', math.nan):9.4f} {r.get('vs_sdpa_default', math.nan):7.2f} "
+              f"{r.get('vs_best_sdpa', math.nan):7.2f} {r.get('vs_flex', math.nan):7.2f}")
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

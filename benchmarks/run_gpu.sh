@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark in one call, results as JSON under $OUT (default benchmarks/results/latest).
+# Usage: STAGES="tests tune suite flash decode dispatch e2e regret" bash benchmarks/run_gpu.sh
+# Stages run in the order given; a failing stage is logged and the next one runs.
+# Output: $OUT/results.tar.gz (every JSON + log) and $OUT/cache.db when the tune stage ran.
+set -u
+OUT=${OUT:-benchmarks/results/latest}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+STAGES=${STAGES:-"tests tune suite flash decode dispatch e2e"}
+TUNE_SUITE=${TUNE_SUITE:-default}
+export PYTHONUNBUFFERED=1
+log() { echo "[run_gpu $(date +%H:%M:%S)] $*"; }
+
+python3 - <<'PY' > "$W/environment.json"
+import json, sys; sys.path.insert(0, "benchmarks")
+from env import environment; print(json.dumps(environment(), indent=1))
+PY
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$W/nvidia-smi.txt" 2>&1
+
+for st in $STAGES; do
+  t0=$(date +%s); log "stage $st"
+  case $st in
+    tests)    timeout 900 python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; tail -5 "$W/gpu_tests.log" ;;
+    tune)     rm -f "$W/cache.db" "$W/optuna.db"
+              /usr/bin/time -v timeout 1200 attntune tune --suite "$TUNE_SUITE" --cache "$W/cache.db" \
+                  --storage "sqlite:///$W/optuna.db" > "$W/tune.log" 2> "$W/tune.time"
+              echo "rc=$?" >> "$W/tune.log"; tail -40 "$W/tune.log"
+              attntune show --cache "$W/cache.db" --no-system --json > "$W/tuned_winners.json" 2>/dev/null
+              cp "$W/cache.db" "$OUT/cache.db" 2>/dev/null ;;
+    suite)    CACHE_ARG=${ATTNTUNE_CACHE:-$W/cache.db}
+              ATTNTUNE_CACHE=$CACHE_ARG python3 benchmarks/bench_suite.py --out "$W/suite.json" ${SUITE_ARGS:-} > "$W/suite.log" 2>&1; tail -60 "$W/suite.log" ;;
+    flash)    python3 benchmarks/bench_flash.py --out "$W/flash.json" > "$W/flash.log" 2>&1; tail -30 "$W/flash.log" ;;
+    decode)   python3 benchmarks/bench_decode.py --out "$W/decode.json" > "$W/decode.log" 2>&1; tail -30 "$W/decode.log" ;;
+    dispatch) ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} python3 benchmarks/bench_dispatch.py --out "$W/dispatch_gpu.json" > "$W/dispatch.log" 2>&1; tail -15 "$W/dispatch.log" ;;
+    e2e)      ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} python3 benchmarks/e2e_gpt.py --out "$W/e2e_gpt.json" > "$W/e2e.log" 2>&1; tail -25 "$W/e2e.log" ;;
+    regret)   python3 benchmarks/regret.py --out "$W/regret.json" > "$W/regret.log" 2>&1; tail -20 "$W/regret.log" ;;
+    *)        log "unknown stage $st" ;;
+  esac
+  log "stage $st took $(( $(date +%s) - t0 )) s"
+  tar -czf "$OUT/results.tar.gz" -C "$W" . 2>/dev/null  # after every stage: a timeout still returns what ran
+done
+log "done"
