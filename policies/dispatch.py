@@ -1,0 +1,454 @@
+"""The hot path: ``attention()``, the SDPA drop-in, the ``torch.library`` custom op, the F.sdpa patch.
+
+Eager calls (the common case) never enter the dispatcher: a call builds a tuple signature from its
+tensors' shapes, dtypes, devices and flags (no pydantic, no validation), looks the signature up in
+:data:`~attntune.policies.runtime.SLOTS` and calls the slot's variant — one dict lookup and one call.
+The first call of a signature validates the inputs, builds the :class:`AttentionProblem`, resolves the
+plan (cache index, policy; misses flushed to the user cache) and stores the slot. Gradients flow
+through the chosen variant's own autograd.
+
+Under ``torch.compile`` (``torch.compiler.is_compiling()``) the same functions emit the custom op
+``attntune::attention`` instead: it takes the call's semantics as primitive arguments and resolves the
+plan *inside* its implementation, at run time, from the real tensors — deterministically, through the
+same plan cache as eager calls. Dynamic shapes therefore get the plan of each actual shape, and a plan
+never gets baked into a graph. Its fake (meta) registration gives the output shape; its autograd
+registration calls ``attntune::attention_backward``, which recomputes the forward with the same plan
+under ``enable_grad`` and differentiates it (a second forward: the honest price of treating every
+variant as a black box). No graph breaks with ``fullgraph=True``.
+
+CUDA graphs: once a signature has been called (warm-up), its calls do no host synchronisation, no
+allocation of host memory beyond Python objects, no I/O and no logging — they can be captured.
+
+Failures: a variant that raises is quarantined for the process (warned once), its problem gets the
+safe fallback (torch SDPA, else eager) and the call is retried there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attntune.policies import runtime as _runtime
+from attntune.policies.plan import Plan
+from attntune.policies.runtime import COUNTS as _COUNTS
+from attntune.policies.runtime import SLOTS, Slot
+from attntune.problem import DTYPE_NAMES, AttentionProblem, problem_from_tensors, validate_qkv
+
+#: torch's own SDPA, captured when attntune's runtime is imported (before any patch of ours)
+_torch_sdpa = F.scaled_dot_product_attention
+
+# Bound once: module-global look-ups are the cheapest the hot path can do.
+_get = SLOTS.get
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+#: window sides passed to the custom op when there is no window (the op's ints cannot be None)
+NO_WINDOW = -2
+_DROPIN = "sdpa"  # first element of the drop-in's signatures (keeps them apart from attention()'s)
+_OP = "op"        # first element of the custom op's signatures
+
+
+# ---- public entry points ----------------------------------------------------------------------------
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+              window: Optional[Tuple[int, int]] = None, scale: Optional[float] = None,
+              kv_lens: Optional[Tensor] = None, approx: Optional[bool] = None) -> Tensor:
+    """Attention through the fastest correct implementation this process knows for the call.
+
+    q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Skv, D]``, v ``[B, Hkv, Skv, Dv]`` → ``[B, Hq, Sq, Dv]`` in q's
+    dtype, ``Hq % Hkv == 0`` (GQA/MQA: query head ``h`` reads kv head ``h // (Hq // Hkv)``).
+
+    * ``causal``: query row ``i`` sees keys ``j <= i + Skv - Sq`` (aligned **bottom-right**, as
+      FlashAttention: the queries are the last ``Sq`` positions — what decode and chunked prefill need).
+    * ``window=(left, right)``: row ``i`` sees ``i + off - left <= j <= i + off + right`` with
+      ``off = Skv - Sq``; ``-1`` = unbounded side. Combined with ``causal`` by intersection.
+    * ``scale``: softmax scale, default ``1/sqrt(D)``.
+    * ``kv_lens``: int32/int64 ``[B]``, keys ``j >= kv_lens[b]`` are padding (a KV cache); the causal
+      diagonal then sits at ``kv_lens[b] - Sq`` per sequence (see :mod:`attntune.problem`).
+    * ``approx``: allow approximate variants (Nyström) for this call; None = ``ATTNTUNE_ALLOW_APPROX``.
+
+    Rows that admit no key return zeros. Invalid inputs raise ``ValueError`` naming the argument.
+    """
+    if window is not None:
+        window = _window(window)
+    if _is_compiling():
+        return _compiled(q, k, v, kv_lens, causal, False, window, scale, approx)
+    try:
+        grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+               causal, window, scale, approx, grad,
+               None if kv_lens is None else (kv_lens.shape, kv_lens.dtype, kv_lens.device))
+        slot = _get(sig)
+    except (AttributeError, TypeError):  # not tensors / unhashable arguments: say which one
+        validate_qkv(q, k, v, kv_lens)
+        _check_scalars(causal, scale)
+        raise
+    if slot is None:
+        slot = _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad)
+    n = slot.calls + 1
+    slot.calls = n
+    if slot.every and n % slot.every == 0:
+        return _sampled(sig, slot, q, k, v, kv_lens)
+    try:
+        return slot.fn(q, k, v, slot.problem, slot.config, kv_lens)
+    except Exception as e:  # noqa: BLE001 — quarantine and fall back; re-raised if the fallback fails
+        return _failed(sig, slot, e, q, k, v, kv_lens)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` with exactly its signature and
+    semantics: ``is_causal`` is aligned **top-left** (row ``i`` sees keys ``j <= i``), ``enable_gqa``
+    as torch's. Calls attntune covers — 4-D inputs, no ``attn_mask``, ``dropout_p == 0``, heads equal
+    or (``enable_gqa``) divisible, one dtype and device — go through the plan; everything else goes to
+    torch's own SDPA unchanged (so torch's broadcasting, masks and errors apply). Never approximate."""
+    if attn_mask is not None or dropout_p:
+        if not _is_compiling():
+            _COUNTS["passthrough"] += 1
+        return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    if _is_compiling():
+        if not _dropin_ok(query, key, value, enable_gqa):
+            return _torch_sdpa(query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
+        return _compiled(query, key, value, None, is_causal, True, None, scale, False)
+    try:
+        grad = _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+        sig = (_DROPIN, query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
+               query.device, key.device, value.device, is_causal, scale, enable_gqa, grad)
+        slot = _get(sig)
+    except (AttributeError, TypeError):
+        return _torch_sdpa(query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
+    if slot is None:
+        slot = _dropin_slot(sig, query, key, value, is_causal, scale, enable_gqa, grad)
+    n = slot.calls + 1
+    slot.calls = n
+    if slot.every and n % slot.every == 0:
+        return _sampled(sig, slot, query, key, value, None)
+    try:
+        return slot.fn(query, key, value, slot.problem, slot.config, None)
+    except Exception as e:  # noqa: BLE001
+        return _failed(sig, slot, e, query, key, value, None)
+
+
+def explain(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, window: Optional[Tuple[int, int]] = None,
+            scale: Optional[float] = None, kv_lens: Optional[Tensor] = None, approx: Optional[bool] = None) -> Plan:
+    """The plan ``attention(q, k, v, ...)`` with the same arguments would use, without running it:
+    ``plan.variant``, ``plan.config``, ``plan.source`` (tuned / nearest / heuristic / fixed / online /
+    fallback), ``plan.expected_ms``, ``plan.runner_up``, ``plan.reasons``; ``print(plan)`` for a summary.
+    Nothing is recorded (no miss, no online tuning); a plan already in use is returned as is."""
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    problem = _problem(q, k, v, kv_lens, causal, "bottom_right", None if window is None else _window(window),
+                       scale, approx, grad)
+    return _runtime.get().plan_for(problem, q.device, dry=True)
+
+
+# ---- slot creation (first call of a signature) ------------------------------------------------------
+def _window(window) -> Tuple[int, int]:
+    try:
+        left, right = window
+        return (int(left), int(right))
+    except (TypeError, ValueError):
+        raise ValueError(f"window: expected (left, right) with -1 for an unbounded side, got {window!r}") from None
+
+
+def _check_scalars(causal, scale) -> None:
+    if not isinstance(causal, (bool, int)):
+        raise ValueError(f"causal: expected a bool, got {type(causal).__name__}")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
+
+
+def _problem(q, k, v, kv_lens, causal, align, window, scale, approx, grad) -> AttentionProblem:
+    validate_qkv(q, k, v, kv_lens)
+    _check_scalars(causal, scale)
+    allow = _runtime.get().config.allow_approx if approx is None else bool(approx)
+    return problem_from_tensors(q, k, v, causal=bool(causal), causal_align=align, window=window, kv_lens=kv_lens,
+                                mode="fwd_bwd" if grad else "fwd", approx=allow,
+                                scale=None if scale is None else float(scale), validate=False)
+
+
+def _store(sig, plan: Plan, fresh_miss: bool, device) -> Slot:
+    rt = _runtime.get()
+    slot = Slot(plan, plan.impl.run, plan.problem, plan.config, rt.config.latency_sample, device,
+                miss=plan.key is not None and plan.key.key_id in rt.missed, reported=1 if fresh_miss else 0)
+    SLOTS[sig] = slot
+    return slot
+
+
+def _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad) -> Slot:
+    problem = _problem(q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad)
+    rt = _runtime.get()
+    with rt.lock:
+        slot = SLOTS.get(sig)
+        if slot is None:
+            plan, fresh = rt.resolve(problem, q.device)
+            slot = _store(sig, plan, fresh, q.device)
+    return slot
+
+
+def _dropin_ok(q, k, v, enable_gqa: bool) -> bool:
+    """True when the drop-in's inputs are inside what attntune computes with torch's semantics."""
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
+        return False
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.is_nested or k.is_nested or v.is_nested:
+        return False
+    if q.dtype not in DTYPE_NAMES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False
+    if k.device != q.device or v.device != q.device or q.device.type not in ("cpu", "cuda"):
+        return False
+    b, hq, _, d = q.shape
+    _, hk, skv, _ = k.shape
+    if k.shape[0] != b or v.shape[0] != b or k.shape[3] != d or v.shape[1] != hk or v.shape[2] != skv:
+        return False  # torch broadcasts batch dims; we do not: let torch do it
+    if skv == 0 or hk == 0:
+        return False
+    return hq == hk or (bool(enable_gqa) and hq % hk == 0)
+
+
+def _dropin_slot(sig, q, k, v, is_causal, scale, enable_gqa, grad) -> Slot:
+    rt = _runtime.get()
+    if rt.config.disabled or not _dropin_ok(q, k, v, enable_gqa) or not isinstance(is_causal, (bool, int)) \
+            or not (scale is None or isinstance(scale, (int, float))):
+        causal_, scale_, gqa_ = is_causal, scale, enable_gqa
+
+        def passthrough(q, k, v, _problem, _config, _kv_lens):
+            return _torch_sdpa(q, k, v, None, 0.0, causal_, scale=scale_, enable_gqa=gqa_)
+
+        slot = Slot(None, passthrough, None, None, 0, q.device if isinstance(q, Tensor) else None)
+        SLOTS[sig] = slot
+        return slot
+    problem = _problem(q, k, v, None, is_causal, "top_left", None, scale, False, grad)
+    with rt.lock:
+        slot = SLOTS.get(sig)
+        if slot is None:
+            plan, fresh = rt.resolve(problem, q.device)
+            slot = _store(sig, plan, fresh, q.device)
+    return slot
+
+
+# ---- failures and sampling (off the common path) ----------------------------------------------------
+def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens) -> Tensor:
+    plan = slot.plan
+    if plan is None or plan.source == "fallback":
+        raise error  # torch's own SDPA / the safe fallback failed: a real error, not ours to hide
+    rt = _runtime.get()
+    fb = rt.quarantine_plan(plan, error)
+    with rt.lock:
+        new = Slot(fb, fb.impl.run, fb.problem, fb.config, slot.every, slot.device, slot.miss, slot.reported)
+        new.calls = slot.calls
+        new.samples = slot.samples
+        SLOTS[sig] = new
+    try:
+        return new.fn(q, k, v, new.problem, new.config, kv_lens)
+    except Exception as e2:
+        raise e2 from error
+
+
+def _sampled(sig, slot: Slot, q, k, v, kv_lens) -> Tensor:
+    """Run one call and time it: CUDA events on a GPU (read later, in stats(), never synchronised
+    here), a host clock on the CPU. Skipped while a CUDA graph is being captured."""
+    dev = slot.device
+    if dev is not None and dev.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return _run_slot(sig, slot, q, k, v, kv_lens)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = _run_slot(sig, slot, q, k, v, kv_lens)
+        end.record()
+        slot.events.append((start, end))
+        if len(slot.events) >= 64:
+            _drain_events(slot, block=False)
+        return out
+    t0 = time.perf_counter()
+    out = _run_slot(sig, slot, q, k, v, kv_lens)
+    slot.samples.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _drain_events(slot: Slot, block: bool) -> None:
+    """Move finished CUDA event pairs into ``slot.samples`` (``block``: wait for the last ones)."""
+    keep = []
+    for start, end in slot.events:
+        if block:
+            end.synchronize()
+        if end.query():
+            slot.samples.append(start.elapsed_time(end))
+        else:
+            keep.append((start, end))
+    slot.events = keep
+
+
+def _run_slot(sig, slot: Slot, q, k, v, kv_lens) -> Tensor:
+    try:
+        return slot.fn(q, k, v, slot.problem, slot.config, kv_lens)
+    except Exception as e:  # noqa: BLE001
+        return _failed(sig, slot, e, q, k, v, kv_lens)
+
+
+# ---- torch.compile: the custom op -------------------------------------------------------------------
+def _compiled(q, k, v, kv_lens, causal, top_left: bool, window, scale, approx) -> Tensor:
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    wl, wr = window if window is not None else (NO_WINDOW, NO_WINDOW)
+    return torch.ops.attntune.attention(q, k, v, kv_lens, bool(causal), top_left, wl, wr,
+                                        None if scale is None else float(scale),
+                                        -1 if approx is None else int(bool(approx)), grad)
+
+
+def _op_slot(q, k, v, kv_lens, causal, top_left, wl, wr, scale, approx, grad) -> Tuple[tuple, Slot]:
+    window = None if wl == NO_WINDOW else (wl, wr)
+    appr = None if approx < 0 else bool(approx)
+    sig = (_OP, q.shape, k.shape, v.shape, q.dtype, q.device, causal, top_left, window, scale, appr, grad,
+           None if kv_lens is None else (kv_lens.shape, kv_lens.dtype))
+    slot = _get(sig)
+    if slot is None:
+        problem = _problem(q, k, v, kv_lens, causal, "top_left" if top_left else "bottom_right", window,
+                           scale, appr, grad)
+        rt = _runtime.get()
+        with rt.lock:
+            slot = SLOTS.get(sig)
+            if slot is None:
+                plan, fresh = rt.resolve(problem, q.device)
+                slot = _store(sig, plan, fresh, q.device)
+    return sig, slot
+
+
+@torch.library.custom_op("attntune::attention", mutates_args=())
+def _attention_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor], causal: bool, top_left: bool,
+                  window_left: int, window_right: int, scale: Optional[float], approx: int,
+                  needs_grad: bool) -> Tensor:
+    """``attention`` as one opaque op: the plan is resolved here, at run time, from the real tensors.
+    ``window_left == -2`` means no window; ``approx`` -1/0/1 = environment/no/yes. Returns a
+    contiguous ``[B, Hq, Sq, Dv]`` tensor (the layout the fake registration promises)."""
+    sig, slot = _op_slot(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, needs_grad)
+    slot.calls += 1
+    return _run_slot(sig, slot, q, k, v, kv_lens).contiguous()
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, needs_grad):
+    validate_qkv(q, k, v, kv_lens)
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
+@torch.library.custom_op("attntune::attention_backward", mutates_args=())
+def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor],
+                           causal: bool, top_left: bool, window_left: int, window_right: int,
+                           scale: Optional[float], approx: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of :func:`_attention_op` by recomputing its forward with the same plan (resolved for
+    ``mode="fwd_bwd"``) under ``enable_grad`` and differentiating it."""
+    sig, slot = _op_slot(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, True)
+    with _autograd_reenabled(), torch.enable_grad():
+        qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+        out = _run_slot(sig, slot, qg, kg, vg, kv_lens)
+        grads = torch.autograd.grad(out, (qg, kg, vg), grad_out, allow_unused=True)
+    return tuple((torch.zeros_like(t) if g is None else g).contiguous() for g, t in zip(grads, (q, k, v)))
+
+
+@_attention_backward_op.register_fake
+def _attention_backward_fake(grad_out, q, k, v, kv_lens, causal, top_left, window_left, window_right, scale,
+                             approx):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+@contextmanager
+def _autograd_reenabled() -> Iterator[None]:
+    """An op's implementation runs below the autograd dispatch keys (they are excluded in TLS), so
+    nothing recorded there would have a ``grad_fn``. Re-include them for the recompute of the
+    backward op; restored on exit."""
+    DK = torch._C.DispatchKey
+    with torch._C._SetExcludeDispatchKeyGuard(DK.AutogradFunctionality, False), \
+            torch._C._SetExcludeDispatchKeyGuard(DK.ADInplaceOrView, False):
+        yield
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, kv_lens, causal, top_left, wl, wr, scale, approx, _needs_grad = inputs
+    ctx.save_for_backward(q, k, v, kv_lens)
+    ctx.args = (causal, top_left, wl, wr, scale, approx)
+
+
+def _backward(ctx, grad_out):
+    q, k, v, kv_lens = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attntune.attention_backward(grad_out.contiguous(), q, k, v, kv_lens, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- patching torch.nn.functional.scaled_dot_product_attention --------------------------------------
+_PATCH_LOCK = threading.Lock()
+_depth = 0
+_saved = None  # what F.scaled_dot_product_attention was when the outermost enable() patched it
+_guard = threading.local()
+
+
+def _patched_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                  enable_gqa: bool = False) -> Tensor:
+    """What ``F.scaled_dot_product_attention`` is while patched: the drop-in, except that an SDPA call
+    made *by* a variant (re-entry on the same thread) goes to torch's own SDPA — no recursion."""
+    if _is_compiling():
+        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if getattr(_guard, "active", False):
+        return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    _guard.active = True
+    try:
+        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    finally:
+        _guard.active = False
+
+
+def enable() -> None:
+    """Route ``torch.nn.functional.scaled_dot_product_attention`` through attntune until the matching
+    :func:`disable`. Re-entrant (a depth counter) and thread-safe; the patch is process-wide, so it
+    affects every thread. Code that bound the function earlier (``from torch.nn.functional import
+    scaled_dot_product_attention``) keeps torch's."""
+    global _depth, _saved
+    with _PATCH_LOCK:
+        if _depth == 0:
+            current = F.scaled_dot_product_attention
+            _saved = _torch_sdpa if current is _patched_sdpa else current
+            F.scaled_dot_product_attention = _patched_sdpa
+        _depth += 1
+
+
+def disable() -> None:
+    """Undo one :func:`enable`; the outermost restores what was there before. Extra calls are no-ops."""
+    global _depth, _saved
+    with _PATCH_LOCK:
+        if _depth == 0:
+            return
+        _depth -= 1
+        if _depth == 0:
+            F.scaled_dot_product_attention = _saved if _saved is not None else _torch_sdpa
+            _saved = None
+
+
+def is_enabled() -> bool:
+    return _depth > 0
+
+
+@contextmanager
+def dispatch() -> Iterator[None]:
+    """``with attntune.dispatch(): model(x)`` — F.sdpa goes through attntune inside the block."""
+    enable()
+    try:
+        yield
+    finally:
+        disable()
+
+
+def original_sdpa():
+    """torch's own ``scaled_dot_product_attention`` (never the patch)."""
+    return _torch_sdpa
+
+
+__all__: Sequence[str] = ("attention", "scaled_dot_product_attention", "explain", "enable", "disable",
+                          "dispatch", "is_enabled", "original_sdpa")

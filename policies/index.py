@@ -1,0 +1,126 @@
+"""The in-memory index of tuned winners: loaded once, consulted only when a plan is resolved.
+
+Exact lookup is a dict by ``TuneKey.key_id``. Nearest lookup searches the key's family (same device,
+dtype, heads, head dims, causal/alignment, window class, kv_lens, mode, approx: ``TuneKey.family()``)
+for the smallest ``TuneKey.distance`` — the log2 distance over the bucketed sizes — and refuses
+neighbours farther than :data:`MAX_NEAREST_DISTANCE`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from attntune.cache import CacheStore, LayeredCache, WinnerRecord
+from attntune.cache.layered import warn_once
+from attntune.key import TuneKey
+from attntune.policies.config import LOG
+
+#: Farthest neighbour (``TuneKey.distance``, log2 units) whose winner may stand in for an untuned key.
+#: 2.0 is e.g. a 4x change of one sequence length, or 2x of both, or 16x of the batch (weighted 0.5).
+#: Farther than that the winner's tiling/split choices were made for a different regime; the
+#: heuristic policy is then the more honest answer.
+MAX_NEAREST_DISTANCE = 2.0
+
+
+class CacheIndex:
+    """Valid winners of the layered cache, by key id and by key family.
+
+    ``rows`` are the records the layered cache judged ``valid`` (stale and rejected rows never get
+    here). ``user`` is the writable store misses are flushed to (None when it could not be opened).
+    """
+
+    def __init__(self, records: Iterable[WinnerRecord] = (), layers: Optional[LayeredCache] = None,
+                 error: Optional[str] = None):
+        self.by_id: Dict[str, WinnerRecord] = {}
+        self.by_family: Dict[tuple, List[WinnerRecord]] = defaultdict(list)
+        self.layers = layers
+        self.error = error
+        self._lock = threading.Lock()
+        for rec in records:
+            self.add(rec)
+
+    # ---- construction ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls) -> "CacheIndex":
+        """Open the default layers (``ATTNTUNE_CACHE`` then the shipped cache) and index their valid
+        rows. Never raises: an unusable cache gives an empty index and one warning (the layered cache
+        warns per broken layer; anything else that goes wrong is reported here, once)."""
+        try:
+            layers = LayeredCache.open_default()
+        except Exception as e:  # noqa: BLE001 — a broken cache must never take the application down
+            warn_once("index:open", f"tuning cache could not be opened ({type(e).__name__}: {e}); "
+                                    "using heuristic dispatch")
+            return cls(error=str(e))
+        try:
+            records = layers.valid_records()
+        except Exception as e:  # noqa: BLE001
+            warn_once("index:read", f"tuning cache could not be read ({type(e).__name__}: {e}); "
+                                    "using heuristic dispatch")
+            return cls(layers=layers, error=str(e))
+        idx = cls(records, layers=layers)
+        LOG.debug("cache index: %d valid rows from %s", len(idx.by_id),
+                  ", ".join(f"{label}={st.url}" for label, st in layers.layers) or "no layer")
+        return idx
+
+    def add(self, rec: WinnerRecord) -> None:
+        """Index one record (used at load time and by the online policy after tuning a key)."""
+        with self._lock:
+            old = self.by_id.get(rec.key_id)
+            fam = self.by_family[rec.key.family()]
+            if old is not None:
+                fam[:] = [r for r in fam if r.key_id != rec.key_id]
+            self.by_id[rec.key_id] = rec
+            fam.append(rec)
+
+    @property
+    def user(self) -> Optional[CacheStore]:
+        return self.layers.user if self.layers is not None else None
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    # ---- lookups ----------------------------------------------------------------------------------
+    def exact(self, key: TuneKey) -> Optional[WinnerRecord]:
+        return self.by_id.get(key.key_id)
+
+    def nearest(self, key: TuneKey, max_distance: float = MAX_NEAREST_DISTANCE
+                ) -> List[Tuple[float, WinnerRecord]]:
+        """Rows of ``key``'s family within ``max_distance``, nearest first (ties: faster row first),
+        excluding ``key`` itself. The caller takes the first one whose variant can run the problem."""
+        out = []
+        for rec in self.by_family.get(key.family(), ()):
+            if rec.key_id == key.key_id:
+                continue
+            d = key.distance(rec.key)
+            if d <= max_distance:
+                out.append((d, rec))
+        out.sort(key=lambda t: (t[0], t[1].median_ms))
+        return out
+
+    # ---- misses -----------------------------------------------------------------------------------
+    def flush_misses(self, pending: Dict[str, Tuple[TuneKey, int]]) -> None:
+        """Write pending miss counts to the user cache and clear them. Silent when there is no writable
+        cache (the broken cache has already warned once); a failing write is logged, not raised."""
+        if not pending:
+            return
+        store = self.user
+        if store is None:
+            pending.clear()
+            return
+        items = list(pending.items())
+        pending.clear()
+        for _kid, (key, count) in items:
+            try:
+                store.record_miss(key, count)
+            except Exception as e:  # noqa: BLE001 — read-only FS, locked DB, …: telemetry, not a failure
+                LOG.debug("could not record a miss in %s: %s", store.url, e)
+                return
+
+    def close(self) -> None:
+        if self.layers is not None:
+            try:
+                self.layers.close()
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,291 @@
+"""Policies: how a problem becomes a :class:`~attntune.policies.plan.Plan`.
+
+* ``tuned`` (default): the exact key's cached winner → the nearest tuned bucket of the same family
+  (``TuneKey.family()``, within :data:`~attntune.policies.index.MAX_NEAREST_DISTANCE`) → heuristic.
+* ``heuristic``: the rule table :data:`HEURISTIC_RULES` below, for devices nobody tuned.
+* ``fixed:NAME``: one variant for everything it supports; the safe fallback for the rest.
+* ``online``: like ``tuned``, but an untuned key is tuned in place (``attntune.autotune.tune_one``,
+  small budget) before falling back to nearest/heuristic.
+
+Every candidate — a cached winner, a neighbour's winner, a rule's variant — must pass
+``registry.reasons`` for the *actual* problem (environment switches, exactness/approximation, the
+variant's own ``supports``), its config must be valid in the variant's space for that problem, and it
+must not be quarantined (it failed earlier in this process).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from attntune.cache import WinnerRecord
+from attntune.cache.layered import warn_once
+from attntune.kernels import registry
+from attntune.kernels.masks import needs_mask
+from attntune.key import TuneKey
+from attntune.policies.config import LOG, RuntimeConfig
+from attntune.policies.index import MAX_NEAREST_DISTANCE, CacheIndex
+from attntune.policies.plan import Plan
+from attntune.problem import AttentionProblem
+from attntune.tolerances import tf32_allowed
+
+# ---- the heuristic rule table ----------------------------------------------------------------------
+#: Decode: at most this many query rows (one token, or a few for speculative decoding) ...
+DECODE_MAX_SQ = 16
+#: ... over a KV cache (``kv_lens``) or a KV sequence at least this long: split-K over the keys pays.
+DECODE_LONG_KV = 1024
+#: Head dims the SDPA flash/cuDNN kernels take natively (multiples of 8 up to 256); others drop to
+#: slower SDPA backends, where the Triton kernel is the better first guess.
+SDPA_HEAD_DIM_MAX = 256
+
+
+def _sdpa_native(p: AttentionProblem) -> bool:
+    """SDPA runs the problem without a materialised mask, in a dtype and head dim its fused kernels
+    take (fp32 goes to the memory-efficient kernel, which is exact)."""
+    return (not needs_mask(p) and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
+            and max(p.head_dim, p.head_dim_v) <= SDPA_HEAD_DIM_MAX)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """If ``when(problem)`` holds on one of ``devices``, try the variants of ``prefer`` in order."""
+
+    name: str
+    devices: Tuple[str, ...]
+    when: Callable[[AttentionProblem], bool]
+    prefer: Tuple[str, ...]
+    why: str
+
+
+#: The one place that ranks variants by name for untuned devices. Rules are tried top to bottom; in a
+#: matching rule, the first variant that exists, passes ``registry.reasons`` and is not quarantined
+#: wins. The last rule matches everything, so a plan always exists (``eager`` runs every exact problem).
+#: These are first guesses, not measurements: ``attntune tune`` replaces them with winners.
+HEURISTIC_RULES: Tuple[Rule, ...] = (
+    Rule("decode", ("cuda",),
+         lambda p: p.seqlen_q <= DECODE_MAX_SQ and (p.kv_lens or p.seqlen_kv >= DECODE_LONG_KV),
+         ("triton_decode",),
+         f"decode (Sq <= {DECODE_MAX_SQ} over kv_lens or Skv >= {DECODE_LONG_KV}): split-K decoding"),
+    Rule("local", ("cuda",), lambda p: p.is_local,
+         ("triton_local", "triton_flash"),
+         "finite left window: a block-skipping kernel costs O(S*W), SDPA's masked kernels O(S^2)"),
+    Rule("fp32-tf32", ("cuda",), lambda p: p.dtype == "float32" and tf32_allowed(),
+         ("triton_flash",),
+         "float32 with TF32 allowed (matmul precision not 'highest'): SDPA has no TF32 fused path"),
+    Rule("sdpa-native", ("cuda",), _sdpa_native,
+         ("sdpa_default",),
+         "SDPA takes this mask (none / top-left causal) and head dim natively"),
+    Rule("sdpa-cannot", ("cuda",), lambda p: True,
+         ("triton_flash",),
+         "SDPA would need a materialised mask (bottom-right causal with Sq != Skv, window, kv_lens) "
+         "or a slow backend (odd head dim)"),
+    Rule("safe", ("cuda", "cpu"), lambda p: True,
+         ("sdpa_default", "eager"),
+         "torch SDPA (a materialised mask where needed), else eager"),
+)
+
+#: The safe fallback (``ATTNTUNE_DISABLE``, ``ATTNTUNE_MAX_SEQLEN``, after a failure): torch SDPA if it
+#: supports the problem, else eager. Environment allow-lists do not apply: this is the last resort.
+FALLBACK_CHAIN = ("sdpa_default", "eager")
+
+Quarantine = Set[Tuple[str, str]]
+
+
+def _cfg_json(config) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def _config_reasons(variant, problem: AttentionProblem, config) -> List[str]:
+    try:
+        return variant.space(problem).validate(config)
+    except Exception as e:  # noqa: BLE001
+        return [f"space() raised {type(e).__name__}: {e}"]
+
+
+def usable(name: str, config: Optional[dict], problem: AttentionProblem, quarantine: Quarantine,
+           env: bool = True) -> List[str]:
+    """Why ``name`` (with ``config``; None = its default config) cannot serve ``problem`` now."""
+    if not registry.exists(name):
+        return [f"variant {name!r} is not registered"]
+    v = registry.get(name)
+    out = registry.reasons(v, problem) if env else _supports(v, problem)
+    if out:
+        return out
+    if config is not None:
+        out = _config_reasons(v, problem, config)
+        if out:
+            return [f"config invalid here: {'; '.join(out)}"]
+    else:
+        try:
+            config = v.space(problem).first()
+        except Exception as e:  # noqa: BLE001
+            return [f"no valid default config ({e})"]
+    if (name, _cfg_json(config)) in quarantine:
+        return ["quarantined (failed earlier in this process)"]
+    return []
+
+
+def _supports(v, problem) -> List[str]:
+    out = [] if v.exact or problem.approx else ["approximate; the call did not allow approximation"]
+    try:
+        out.extend(v.supports(problem))
+    except Exception as e:  # noqa: BLE001
+        out.append(f"supports() raised {type(e).__name__}: {e}")
+    return out
+
+
+def _make(name: str, config: Optional[dict], source: str, problem: AttentionProblem, key: Optional[TuneKey],
+          reasons: Sequence[str], rec: Optional[WinnerRecord] = None, runner_up: Optional[str] = None,
+          runner_up_ms: Optional[float] = None) -> Plan:
+    v = registry.get(name)
+    cfg = dict(config) if config is not None else v.space(problem).first()
+    if rec is not None:
+        runner_up, runner_up_ms = rec.runner_up, rec.runner_up_ms
+    return Plan(variant=name, config=cfg, source=source, problem=problem, key=key,
+                expected_ms=rec.median_ms if rec is not None else None, runner_up=runner_up,
+                runner_up_ms=runner_up_ms, reasons=tuple(reasons), impl=v)
+
+
+# ---- the individual decisions -----------------------------------------------------------------------
+def fallback_plan(problem: AttentionProblem, key: Optional[TuneKey], why: Sequence[str]) -> Plan:
+    """torch SDPA if it supports ``problem``, else eager (which runs every exact problem)."""
+    notes = list(why)
+    for name in FALLBACK_CHAIN:
+        if not registry.exists(name):
+            continue
+        r = _supports(registry.get(name), problem)
+        if not r:
+            return _make(name, None, "fallback", problem, key, notes + [f"safe fallback: {name}"])
+        notes.append(f"{name}: {'; '.join(r)}")
+    name = FALLBACK_CHAIN[-1]
+    return _make(name, None, "fallback", problem, key, notes + [f"last resort: {name}"])
+
+
+def heuristic_plan(problem: AttentionProblem, key: Optional[TuneKey], quarantine: Quarantine,
+                   notes: Sequence[str] = ()) -> Plan:
+    """Walk :data:`HEURISTIC_RULES`; the first usable variant wins, the next usable one is the
+    runner-up."""
+    notes = list(notes)
+    chosen: Optional[Tuple[str, str]] = None
+    runner_up: Optional[str] = None
+    for rule in HEURISTIC_RULES:
+        if problem.device_type not in rule.devices or not rule.when(problem):
+            continue
+        for name in rule.prefer:
+            if chosen is not None and name == chosen[0]:
+                continue
+            r = usable(name, None, problem, quarantine)
+            if r:
+                if chosen is None and registry.exists(name):
+                    notes.append(f"rule {rule.name}: {name} cannot run: {'; '.join(r)}")
+                continue
+            if chosen is None:
+                chosen = (name, f"rule {rule.name}: {rule.why} -> {name}")
+            elif runner_up is None:
+                runner_up = name
+                break
+        if runner_up is not None:
+            break
+    if chosen is None:
+        return fallback_plan(problem, key, notes + ["no heuristic rule found a usable variant"])
+    return _make(chosen[0], None, "heuristic", problem, key, notes + [chosen[1]], runner_up=runner_up)
+
+
+def fixed_plan(problem: AttentionProblem, key: Optional[TuneKey], name: str, quarantine: Quarantine,
+               warn: Callable[[str, str], None] = warn_once) -> Plan:
+    if not registry.exists(name):
+        warn(f"fixed:{name}", f"ATTNTUNE_POLICY=fixed:{name}: no such variant "
+                                   f"(known: {', '.join(sorted(v.name for v in registry.all_variants()))}); "
+                                   "using the heuristic policy")
+        return heuristic_plan(problem, key, quarantine, [f"fixed variant {name!r} does not exist"])
+    r = usable(name, None, problem, quarantine)
+    if r:
+        return fallback_plan(problem, key, [f"fixed variant {name} cannot run this problem: {'; '.join(r)}"])
+    return _make(name, None, "fixed", problem, key, [f"ATTNTUNE_POLICY=fixed:{name}"])
+
+
+def _from_record(rec: WinnerRecord, source: str, problem: AttentionProblem, key: TuneKey,
+                 quarantine: Quarantine, notes: List[str], what: str) -> Optional[Plan]:
+    r = usable(rec.variant, rec.config, problem, quarantine)
+    if r:
+        notes.append(f"{what} winner {rec.variant} unusable here: {'; '.join(r)}")
+        return None
+    return _make(rec.variant, rec.config, source, problem, key, notes + [f"{what}: {rec.variant}"], rec=rec)
+
+
+def _online(problem: AttentionProblem, key: TuneKey, index: CacheIndex, cfg: RuntimeConfig,
+            notes: List[str], warn: Callable[[str, str], None]) -> Optional[WinnerRecord]:
+    """Tune ``key`` now with the tuner (imported lazily: it pulls in optuna); None when it cannot."""
+    try:
+        from attntune.autotune import tune_one  # noqa: PLC0415
+    except ImportError as e:
+        warn("online:import", f"ATTNTUNE_POLICY=online needs attntune.autotune.tune_one ({e}); "
+                                   "untuned keys use the nearest bucket or heuristics")
+        notes.append("online tuning unavailable (attntune.autotune.tune_one missing)")
+        return None
+    store = index.user
+    if store is None:
+        notes.append("online tuning skipped: no writable user cache")
+        return None
+    LOG.info("online: tuning %s (%d trials, %.0f s)", key.short(), cfg.online_trials, cfg.online_seconds)
+    try:
+        rec = tune_one(problem, store, trials=cfg.online_trials, time_limit=cfg.online_seconds)
+    except Exception as e:  # noqa: BLE001 — tuning is best effort; the call must still be served
+        warn(f"online:{key.key_id}", f"online tuning of {key.short()} failed ({type(e).__name__}: {e})")
+        notes.append(f"online tuning failed: {type(e).__name__}: {e}")
+        return None
+    if rec is None:
+        notes.append("online tuning found no valid winner")
+        return None
+    index.add(rec)
+    return rec
+
+
+def resolve(problem: AttentionProblem, key: TuneKey, cfg: RuntimeConfig, index_fn: Callable[[], CacheIndex],
+            quarantine: Quarantine, dry: bool = False,
+            warn: Callable[[str, str], None] = warn_once) -> Tuple[Plan, bool]:
+    """Decide the plan for ``problem`` (whose key is ``key``). Returns ``(plan, missed)``: ``missed``
+    is True when a cache-consulting policy found no exact tuned row (the key is worth tuning).
+    ``dry`` (explain): never tune online."""
+    big = max(problem.seqlen_q, problem.seqlen_kv)
+    if cfg.disabled:
+        return fallback_plan(problem, key, ["ATTNTUNE_DISABLE=1"]), False
+    if cfg.max_seqlen is not None and big > cfg.max_seqlen:
+        return fallback_plan(problem, key, [f"max(Sq, Skv) = {big} > ATTNTUNE_MAX_SEQLEN={cfg.max_seqlen}"]), False
+    if cfg.policy == "heuristic":
+        return heuristic_plan(problem, key, quarantine, ["policy heuristic"]), False
+    if cfg.policy == "fixed":
+        return fixed_plan(problem, key, cfg.fixed_variant or "", quarantine, warn), False
+
+    index = index_fn()
+    notes: List[str] = []
+    if index.error:
+        notes.append(f"cache unusable ({index.error})")
+    rec = index.exact(key)
+    if rec is not None:
+        p = _from_record(rec, "tuned", problem, key, quarantine, notes, f"exact key {key.key_id}")
+        if p is not None:
+            return p, False
+    else:
+        notes.append(f"no tuned row for key {key.short()}")
+    if cfg.policy == "online" and not dry:
+        rec = _online(problem, key, index, cfg, notes, warn)
+        if rec is not None:
+            p = _from_record(rec, "online", problem, key, quarantine, notes, "tuned online")
+            if p is not None:
+                return p, False
+    for dist, rec in index.nearest(key):
+        p = _from_record(rec, "nearest", problem, key, quarantine, notes,
+                         f"nearest bucket {rec.key.short()} (distance {dist:.2f})")
+        if p is not None:
+            return p, True
+    if index.by_family.get(key.family()):
+        notes.append(f"no usable tuned bucket of this family within distance {MAX_NEAREST_DISTANCE:.1f}")
+    return heuristic_plan(problem, key, quarantine, notes), True
+
+
+def candidates_table(problem: AttentionProblem) -> List[Dict[str, object]]:
+    """Every registered variant with the reasons it cannot run ``problem`` (empty = it can)."""
+    return [{"variant": v.name, "family": v.family, "exact": v.exact, "reasons": r}
+            for v, r in registry.explain_candidates(problem)]

@@ -1,0 +1,246 @@
+"""The process-wide runtime state: switches, the cache index, plans, slots, quarantine, misses.
+
+Two caches of decisions:
+
+* ``Runtime.plans``: ``(AttentionProblem, device)`` → :class:`Plan` — what :func:`attntune.policies.plan`
+  returns; resolved under a lock, once per problem.
+* :data:`SLOTS`: the hot path's cache, keyed by a cheap tuple signature of a call (shapes, dtypes,
+  devices, flags) so that a repeated call never builds a pydantic problem. A :class:`Slot` holds exactly
+  what the call needs (the bound ``run``, the problem, the config) plus its counters.
+
+Lock discipline: the hot path only reads ``SLOTS`` (a dict ``get``, atomic in CPython) and bumps its
+slot's counters; everything that writes (resolution, quarantine, reset) holds ``Runtime.lock``. Slots
+are never mutated to point at another variant: a changed decision is a new slot stored under the same
+signature, so a thread that already holds the old slot finishes a consistent call.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import warnings
+from collections import deque
+from typing import Any, Callable, Dict, Optional, Set, Tuple
+
+import torch
+
+from attntune.device import device_fingerprint
+from attntune.key import TuneKey
+from attntune.policies.config import LOG, RuntimeConfig
+from attntune.policies.index import CacheIndex
+from attntune.policies.plan import Plan
+from attntune.policies.policy import fallback_plan, resolve
+from attntune.problem import AttentionProblem
+
+#: most latency samples kept per slot (a ring: the percentiles describe the recent past)
+MAX_SAMPLES = 4096
+
+
+class Slot:
+    """One call signature's decision and counters (see the module docstring)."""
+
+    __slots__ = ("fn", "problem", "config", "plan", "calls", "every", "miss", "reported", "samples",
+                 "events", "device")
+
+    def __init__(self, plan: Optional[Plan], fn: Callable, problem: Optional[AttentionProblem],
+                 config: Any, every: int, device: Optional[torch.device], miss: bool = False,
+                 reported: int = 0):
+        self.plan = plan          # None: a pass-through to torch SDPA (drop-in inputs we do not cover)
+        self.fn = fn              # fn(q, k, v, problem, config, kv_lens) -> out
+        self.problem = problem
+        self.config = config
+        self.calls = 0
+        self.every = every        # sample latency every Nth call (0 = never)
+        self.miss = miss          # served without an exact tuned row (counted for --from-misses)
+        self.reported = reported  # calls already written to the misses table
+        self.samples: deque = deque(maxlen=MAX_SAMPLES)  # milliseconds
+        self.events: list = []    # CUDA event pairs not yet read (read in stats(), never per call)
+        self.device = device
+
+
+#: the hot path's signature → Slot dict (one object for the life of the process; reset() clears it)
+SLOTS: Dict[tuple, Slot] = {}
+#: calls with no slot: drop-in calls with a mask or dropout, handed to torch before any look-up
+COUNTS: Dict[str, int] = {"passthrough": 0}
+
+
+def _device_key(problem: AttentionProblem, device: Optional[torch.device | str]) -> torch.device:
+    if device is not None:
+        d = torch.device(device)
+        if d.type == "cuda" and d.index is None and torch.cuda.is_available():
+            d = torch.device("cuda", torch.cuda.current_device())
+        return d
+    if problem.device_type == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(problem.device_type)
+
+
+def _fingerprint(dev: torch.device):
+    # Devices other than cpu/cuda (meta, mps, …) have no tuned rows; the CPU fingerprint keeps keys
+    # well-formed, and no CPU row can match their problem's device_type-dependent supports().
+    return device_fingerprint(dev if dev.type == "cuda" else "cpu")
+
+
+class Runtime:
+    """Everything one process has decided. Replaced wholesale by :func:`reset`."""
+
+    def __init__(self) -> None:
+        self.config = RuntimeConfig.from_env()
+        self.config.apply_logging()
+        self._warned: Set[str] = set()
+        for w in self.config.warnings:
+            self.warn_once(f"config:{w}", w)
+        self.lock = threading.RLock()
+        self._index: Optional[CacheIndex] = None
+        self.plans: Dict[Tuple[AttentionProblem, str], Plan] = {}
+        self.missed: Set[str] = set()
+        self.quarantine: Set[Tuple[str, str]] = set()
+        self.quarantine_why: Dict[Tuple[str, str], str] = {}
+        self.pending: Dict[str, Tuple[TuneKey, int]] = {}
+
+    def warn_once(self, tag: str, msg: str) -> None:
+        """One RuntimeWarning per tag for the life of this runtime (``reset()`` starts afresh)."""
+        if tag in self._warned:
+            return
+        self._warned.add(tag)
+        warnings.warn(f"attntune: {msg}", RuntimeWarning, stacklevel=4)
+
+    # ---- the cache index (loaded on first need, once) --------------------------------------------
+    def index(self) -> CacheIndex:
+        if self._index is None:
+            with self.lock:
+                if self._index is None:
+                    self._index = CacheIndex.load()
+        return self._index
+
+    # ---- plans ------------------------------------------------------------------------------------
+    def plan_for(self, problem: AttentionProblem, device: Optional[torch.device | str] = None,
+                 dry: bool = False) -> Plan:
+        return self.resolve(problem, device, dry)[0]
+
+    def resolve(self, problem: AttentionProblem, device: Optional[torch.device | str] = None,
+                dry: bool = False) -> Tuple[Plan, bool]:
+        """``(plan, fresh_miss)``: the cached plan, or a new one (``fresh_miss`` when this resolution
+        found no exact tuned row and recorded one miss). ``dry`` (explain): nothing is cached,
+        recorded or tuned."""
+        dev = _device_key(problem, device)
+        ck = (problem, str(dev))
+        p = self.plans.get(ck)
+        if p is not None:
+            return p, False
+        with self.lock:
+            p = self.plans.get(ck)
+            if p is not None:
+                return p, False
+            key = TuneKey.from_problem(problem, _fingerprint(dev))
+            plan, missed = resolve(problem, key, self.config, self.index, self.quarantine, dry=dry,
+                                  warn=self.warn_once)
+            if dry:
+                return plan, False
+            self.plans[ck] = plan
+            if LOG.isEnabledFor(20):
+                LOG.info("plan %s -> %s %s (%s)%s", problem.short(), plan.variant, plan.config_json,
+                         plan.source, "" if not plan.reasons else ": " + " | ".join(plan.reasons))
+            if missed:
+                self.missed.add(key.key_id)
+                self._add_pending(key, 1)
+                self.flush_misses()
+            return plan, missed
+
+    # ---- misses -----------------------------------------------------------------------------------
+    def _add_pending(self, key: TuneKey, n: int) -> None:
+        if n <= 0:
+            return
+        old = self.pending.get(key.key_id)
+        self.pending[key.key_id] = (key, n + (old[1] if old else 0))
+
+    def flush_misses(self) -> None:
+        """Write the misses seen so far (one per resolution plus the calls since) to the user cache.
+        Called when a plan is resolved, by reset() and at exit — never per call."""
+        with self.lock:
+            for slot in list(SLOTS.values()):
+                if slot.miss and slot.plan is not None and slot.plan.key is not None:
+                    n = slot.calls - slot.reported
+                    if n > 0:
+                        slot.reported += n
+                        self._add_pending(slot.plan.key, n)
+            if not self.pending:
+                return
+            if self._index is None:  # nothing has been resolved against a cache: nothing to flush
+                return
+            self._index.flush_misses(self.pending)
+
+    # ---- failure handling -------------------------------------------------------------------------
+    def quarantine_plan(self, plan: Plan, error: BaseException) -> Plan:
+        """Quarantine ``plan``'s (variant, config) for this process after it raised ``error``; every
+        plan using it is dropped (re-resolved on next use, skipping it), and ``plan``'s problem gets
+        the safe fallback, which is returned."""
+        tag = (plan.variant, plan.config_json)
+        why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        with self.lock:
+            if tag not in self.quarantine:
+                self.quarantine.add(tag)
+                self.quarantine_why[tag] = why
+                self.warn_once(f"quarantine:{tag}",
+                          f"{plan.variant} {plan.config_json} failed on {plan.problem.short()} ({why}); "
+                          "it is quarantined for this process and calls fall back to torch SDPA/eager")
+            fb = fallback_plan(plan.problem, plan.key, [f"{plan.variant} failed here: {why}"])
+            for ck, p in list(self.plans.items()):
+                if p is plan or ck[0] == plan.problem:
+                    self.plans[ck] = fb  # this problem: the safe fallback from now on
+                elif (p.variant, p.config_json) == tag:
+                    del self.plans[ck]   # other problems: re-resolved on next use, skipping the tag
+            for sig, slot in list(SLOTS.items()):
+                if slot.plan is not None and slot.plan is not fb and (
+                        slot.plan.variant, slot.plan.config_json) == tag:
+                    del SLOTS[sig]
+            return fb
+
+    def close(self) -> None:
+        try:
+            self.flush_misses()
+        except Exception as e:  # noqa: BLE001 — telemetry must not break interpreter exit
+            LOG.debug("flushing misses failed: %s", e)
+        if self._index is not None:
+            self._index.close()
+
+
+_RT: Optional[Runtime] = None
+_RT_LOCK = threading.Lock()
+_ATEXIT = False
+
+
+def get() -> Runtime:
+    """The runtime, created on first use (that is when the environment switches are read)."""
+    global _RT, _ATEXIT
+    rt = _RT
+    if rt is not None:
+        return rt
+    with _RT_LOCK:
+        if _RT is None:
+            _RT = Runtime()
+            if not _ATEXIT:
+                atexit.register(_at_exit)
+                _ATEXIT = True
+        return _RT
+
+
+def reset() -> None:
+    """Flush misses, drop every plan and slot, forget quarantines and re-read the environment on next
+    use. For tests and for applications that changed ``ATTNTUNE_*`` or the float32 matmul precision."""
+    global _RT
+    with _RT_LOCK:
+        rt, _RT = _RT, None
+        if rt is not None:
+            with rt.lock:
+                rt.close()
+                SLOTS.clear()
+        else:
+            SLOTS.clear()
+        COUNTS["passthrough"] = 0
+
+
+def _at_exit() -> None:
+    rt = _RT
+    if rt is not None:
+        rt.close()

@@ -1,0 +1,715 @@
+"""Runtime dispatch: every route equals torch SDPA; tuned / nearest / heuristic plans; policies and
+environment switches; fallback + quarantine; broken caches; torch.compile; threads; telemetry; CLI."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import warnings
+from typing import List
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attntune
+from attntune.cache import CacheStore, WinnerRecord, utcnow
+from attntune.device import device_fingerprint, software_fingerprint
+from attntune.kernels import registry
+from attntune.kernels.base import Variant
+from attntune.key import TuneKey
+from attntune.policies import runtime
+from attntune.policies.dispatch import original_sdpa
+from attntune.policies.index import MAX_NEAREST_DISTANCE
+from attntune.problem import problem_from_tensors
+from helpers import rand_qkv
+
+TORCH_SDPA = original_sdpa()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime():
+    """conftest gives every test its own ATTNTUNE_CACHE; reset() makes the runtime re-read it."""
+    attntune.reset()
+    yield
+    while attntune.is_enabled():
+        attntune.disable()
+    attntune.reset()
+
+
+def _bottom_right_mask(sq, skv, left=None):
+    """Independent of attntune's mask code: row i (shifted by Skv - Sq) sees keys up to its diagonal."""
+    i = torch.arange(sq)[:, None] + (skv - sq)
+    j = torch.arange(skv)[None, :]
+    m = j <= i
+    if left is not None:
+        m &= j >= i - left
+    return m
+
+
+def _record(q, k, v, variant: str, ms: float = 0.05, config=None, **kw) -> WinnerRecord:
+    """A cache row for the key of attention(q, k, v, **kw) choosing ``variant``."""
+    p = problem_from_tensors(q, k, v, **kw)
+    key = TuneKey.from_problem(p, device_fingerprint("cpu"))
+    v_ = registry.get(variant)
+    return WinnerRecord(key=key, variant=variant, config=config or {}, median_ms=ms, runner_up="eager",
+                        runner_up_ms=ms * 3, fingerprint=software_fingerprint(v_.source_hash(), "cpu"),
+                        created_at=utcnow())
+
+
+def _user_store() -> CacheStore:
+    import os
+
+    return CacheStore(os.environ["ATTNTUNE_CACHE"])
+
+
+def _attntune_warnings(rec) -> List[str]:
+    return [str(w.message) for w in rec if issubclass(w.category, RuntimeWarning) and "attntune" in str(w.message)]
+
+
+# ---- every route equals torch SDPA -------------------------------------------------------------------
+@pytest.mark.parametrize("b,hq,hkv,sq,skv,d", [(2, 4, 4, 16, 16, 32), (1, 8, 2, 7, 23, 16), (3, 4, 1, 1, 33, 64),
+                                               (2, 2, 2, 15, 15, 80)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_equals_sdpa(b, hq, hkv, sq, skv, d, causal):
+    q, k, v = rand_qkv(b, hq, hkv, sq, skv, d)
+    out = attntune.attention(q, k, v, causal=causal)
+    mask = _bottom_right_mask(sq, skv) if causal else None
+    ref = TORCH_SDPA(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)
+    torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-5)
+    assert out.shape == (b, hq, sq, d)
+
+
+def test_attention_window_scale_kv_lens_equal_sdpa():
+    q, k, v = rand_qkv(2, 4, 2, 9, 20, 16)
+    out = attntune.attention(q, k, v, causal=True, window=(5, 0), scale=0.3)
+    ref = TORCH_SDPA(q, k, v, attn_mask=_bottom_right_mask(9, 20, left=5), scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-5)
+    # kv_lens with Sq = 1 (decode): keys past each sequence's length are padding.
+    q1 = q[:, :, :1]
+    lens = torch.tensor([7, 20])
+    out = attntune.attention(q1, k, v, kv_lens=lens)
+    pad = (torch.arange(20)[None, :] < lens[:, None])[:, None, None, :]
+    torch.testing.assert_close(out, TORCH_SDPA(q1, k, v, attn_mask=pad, enable_gqa=True), atol=3e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sq,skv", [(5, 12), (12, 5), (8, 8)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_dropin_is_torch_sdpa(sq, skv, is_causal):
+    """Top-left is_causal (torch's) even with Sq != Skv, and GQA through enable_gqa."""
+    q, k, v = rand_qkv(2, 4, 2, sq, skv, 16)
+    out = attntune.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+    ref = TORCH_SDPA(q, k, v, is_causal=is_causal, enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-5)
+    plan = attntune.stats()["plans"][0]
+    assert plan["calls"] == 1 and plan["problem"].startswith("B2 H4/2")
+
+
+def test_dropin_passes_uncovered_calls_to_torch():
+    q, k, v = rand_qkv(2, 4, 4, 6, 6, 16)
+    mask = torch.rand(6, 6) > 0.3
+    torch.testing.assert_close(attntune.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                               TORCH_SDPA(q, k, v, attn_mask=mask))
+    torch.manual_seed(3)
+    a = attntune.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    torch.manual_seed(3)
+    torch.testing.assert_close(a, TORCH_SDPA(q, k, v, dropout_p=0.5))
+    q3, k3, v3 = q[0], k[0], v[0]  # 3-D inputs
+    torch.testing.assert_close(attntune.scaled_dot_product_attention(q3, k3, v3, is_causal=True),
+                               TORCH_SDPA(q3, k3, v3, is_causal=True))
+    k1, v1 = k[:, :1], v[:, :1]  # heads 4 vs 1 without enable_gqa: torch broadcasts
+    torch.testing.assert_close(attntune.scaled_dot_product_attention(q, k1, v1), TORCH_SDPA(q, k1, v1))
+    with pytest.raises(RuntimeError):  # and torch's own errors surface unchanged
+        attntune.scaled_dot_product_attention(q, k[:, :3], v[:, :3])
+    s = attntune.stats()
+    assert s["passthrough_calls"] == 5 and s["plans"] == [] and s["calls"] == 5
+
+
+def test_patched_sdpa_inside_dispatch_and_restored():
+    q, k, v = rand_qkv(1, 2, 2, 10, 14, 16)
+    before = F.scaled_dot_product_attention
+    with attntune.dispatch():
+        assert F.scaled_dot_product_attention is not before
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=_bottom_right_mask(10, 14))
+    assert F.scaled_dot_product_attention is before
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, is_causal=True), atol=3e-5, rtol=1e-5)
+    torch.testing.assert_close(masked, TORCH_SDPA(q, k, v, attn_mask=_bottom_right_mask(10, 14)))
+    s = attntune.stats()
+    assert s["calls"] == 2 and s["passthrough_calls"] == 1
+
+
+def test_enable_disable_nested_and_reentrant():
+    orig = F.scaled_dot_product_attention
+    attntune.enable()
+    patched = F.scaled_dot_product_attention
+    assert patched is not orig
+    with attntune.dispatch():
+        with attntune.dispatch():
+            assert F.scaled_dot_product_attention is patched
+        assert F.scaled_dot_product_attention is patched
+    attntune.disable()
+    assert F.scaled_dot_product_attention is orig and not attntune.is_enabled()
+    attntune.disable()  # extra disable: a no-op
+    assert F.scaled_dot_product_attention is orig
+    with pytest.raises(KeyError):
+        with attntune.dispatch():
+            raise KeyError("boom")
+    assert F.scaled_dot_product_attention is orig
+
+
+def test_patch_from_many_threads_restores_once_all_exit():
+    orig = F.scaled_dot_product_attention
+    q, k, v = rand_qkv(1, 2, 2, 8, 8, 16)
+    ref = TORCH_SDPA(q, k, v, is_causal=True)
+    barrier = threading.Barrier(6)
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(20):
+                with attntune.dispatch():
+                    barrier.wait(timeout=30) if _ == 0 else None
+                    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, is_causal=True), ref)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert F.scaled_dot_product_attention is orig
+
+
+def test_concurrent_calls_from_threads():
+    shapes = [(2, 4, 2, 5, 9, 16), (1, 2, 2, 16, 16, 32), (3, 8, 4, 1, 40, 16), (2, 4, 4, 12, 12, 64)]
+    inputs = [rand_qkv(*s, seed=i) for i, s in enumerate(shapes)]
+    refs = [TORCH_SDPA(q, k, v, attn_mask=_bottom_right_mask(q.shape[2], k.shape[2]),
+                       enable_gqa=q.shape[1] != k.shape[1]) for q, k, v in inputs]
+    errors = []
+    n_threads, n_calls = 8, 40
+
+    def worker(t):
+        try:
+            for i in range(n_calls):
+                j = (i + t) % len(inputs)
+                out = attntune.attention(*inputs[j], causal=True)
+                torch.testing.assert_close(out, refs[j], atol=3e-5, rtol=1e-5)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    s = attntune.stats()
+    assert len(s["plans"]) == len(shapes)  # one plan per signature, however many threads raced for it
+    assert s["calls"] == n_threads * n_calls
+
+
+def test_gradients_match_sdpa():
+    q, k, v = rand_qkv(2, 4, 2, 7, 11, 16, requires_grad=True)
+    out = attntune.attention(q, k, v, causal=True)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    ref = TORCH_SDPA(q, k, v, attn_mask=_bottom_right_mask(7, 11), enable_gqa=True)
+    rgrads = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(grads, rgrads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert attntune.explain(q, k, v, causal=True).problem.mode == "fwd_bwd"
+    with torch.no_grad():
+        assert attntune.explain(q, k, v, causal=True).problem.mode == "fwd"
+
+
+def test_bad_inputs_raise_value_error_naming_the_argument():
+    q, k, v = rand_qkv(2, 4, 2, 8, 8, 16)
+    attntune.attention(q, k, v)  # a valid call first: the checks must not depend on a cold cache
+    with pytest.raises(ValueError, match="^q:"):
+        attntune.attention(q[0], k, v)
+    with pytest.raises(ValueError, match="k/v: dtype"):
+        attntune.attention(q, k.double(), v)
+    with pytest.raises(ValueError, match="heads"):
+        attntune.attention(q[:, :3], k, v)
+    with pytest.raises(ValueError, match="window"):
+        attntune.attention(q, k, v, window=(-5, 0))
+    with pytest.raises(ValueError, match="window"):
+        attntune.attention(q, k, v, window=3)
+    with pytest.raises(ValueError, match="kv_lens"):
+        attntune.attention(q, k, v, kv_lens=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="k:"):
+        attntune.attention(q, "k", v)
+
+
+# ---- tuned / nearest / heuristic -----------------------------------------------------------------------
+def test_tuned_nearest_and_heuristic_plans():
+    q, k, v = rand_qkv(2, 4, 4, 64, 64, 16)
+    st = _user_store()
+    st.upsert_winner(_record(q, k, v, "sdpa_math", causal=True))
+    st.dispose()
+
+    exact = attntune.explain(q, k, v, causal=True)
+    assert (exact.source, exact.variant, exact.expected_ms, exact.runner_up) == ("tuned", "sdpa_math", 0.05, "eager")
+    # 96 is the next bucket above 64 (log2 distance 0.58 per axis): the 64 row stands in for it.
+    qn, kn, vn = rand_qkv(2, 4, 4, 90, 90, 16)
+    near = attntune.explain(qn, kn, vn, causal=True)
+    assert near.source == "nearest" and near.variant == "sdpa_math"
+    assert any("nearest bucket" in r for r in near.reasons)
+    # 1024 is 4 doublings away on both axes: farther than MAX_NEAREST_DISTANCE, so heuristics decide.
+    qf, kf, vf = rand_qkv(1, 4, 4, 1024, 1024, 16)
+    assert near.key.distance(attntune.explain(qf, kf, vf, causal=True).key) > MAX_NEAREST_DISTANCE
+    far = attntune.explain(qf, kf, vf, causal=True)
+    assert far.source == "heuristic" and far.variant == "sdpa_default"
+    # Another family (not causal) never borrows the causal row.
+    assert attntune.explain(q, k, v).source == "heuristic"
+
+    # The calls themselves: correct results, and the plans explain() announced.
+    for args in ((q, k, v), (qn, kn, vn)):
+        out = attntune.attention(*args, causal=True)
+        sq = args[0].shape[2]
+        torch.testing.assert_close(out, TORCH_SDPA(*args, is_causal=True), atol=3e-5, rtol=1e-5)
+        assert attntune.explain(*args, causal=True).variant == "sdpa_math"
+    s = attntune.stats()
+    by_problem = {p["problem"]: p for p in s["plans"]}
+    assert by_problem["B2 H4/4 S64x64 D16 float32 causal fwd"]["source"] == "tuned"
+    assert not by_problem["B2 H4/4 S64x64 D16 float32 causal fwd"]["miss"]
+    assert by_problem["B2 H4/4 S90x90 D16 float32 causal fwd"]["miss"]
+    assert sq == 90
+
+
+def test_cached_row_unusable_for_the_actual_problem_is_skipped():
+    """A row whose variant cannot run this problem (here: excluded by ATTNTUNE_VARIANTS) is not used."""
+    q, k, v = rand_qkv(2, 4, 4, 32, 32, 16)
+    st = _user_store()
+    st.upsert_winner(_record(q, k, v, "sdpa_math"))
+    st.dispose()
+    import os
+
+    os.environ["ATTNTUNE_VARIANTS"] = "eager,sdpa_default"
+    try:
+        plan = attntune.explain(q, k, v)
+    finally:
+        del os.environ["ATTNTUNE_VARIANTS"]
+    assert plan.source == "heuristic" and plan.variant == "sdpa_default"
+    assert any("not in ATTNTUNE_VARIANTS" in r for r in plan.reasons)
+
+
+def test_misses_recorded_and_flushed_not_per_call():
+    q, k, v = rand_qkv(1, 2, 2, 20, 20, 16)
+    for _ in range(5):
+        attntune.attention(q, k, v, causal=True)
+    st = _user_store()
+    misses = st.misses()
+    assert len(misses) == 1 and misses[0]["count"] == 1  # written when the plan was resolved
+    attntune.reset()  # ... and the remaining calls at reset()/exit, once
+    misses = st.misses()
+    assert misses[0]["count"] == 5
+    key = TuneKey.model_validate_json(misses[0]["key_json"])
+    assert key.seqlen_q == 24 and key.causal  # 20 lies in the bucket of 24
+    st.dispose()
+
+
+def test_plan_api_caches_and_runs():
+    from attntune.policies import plan as plan_fn
+
+    q, k, v = rand_qkv(2, 4, 2, 6, 9, 16)
+    problem = problem_from_tensors(q, k, v, causal=True)
+    p1 = plan_fn(problem)
+    assert plan_fn(problem) is p1
+    torch.testing.assert_close(p1.run(q, k, v), attntune.attention(q, k, v, causal=True))
+    assert "source" in str(p1) and p1.to_dict()["variant"] == p1.variant
+
+
+# ---- policies and environment switches ---------------------------------------------------------------
+def test_policy_heuristic_ignores_cache(monkeypatch):
+    q, k, v = rand_qkv(2, 4, 4, 32, 32, 16)
+    st = _user_store()
+    st.upsert_winner(_record(q, k, v, "sdpa_math"))
+    st.dispose()
+    assert attntune.explain(q, k, v).source == "tuned"
+    monkeypatch.setenv("ATTNTUNE_POLICY", "heuristic")
+    attntune.reset()
+    plan = attntune.explain(q, k, v)
+    assert (plan.source, plan.variant) == ("heuristic", "sdpa_default")
+    assert runtime.get()._index is None  # the heuristic policy never opens the cache
+
+
+def test_policy_fixed(monkeypatch):
+    q, k, v = rand_qkv(2, 4, 2, 9, 13, 16)
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:eager")
+    attntune.reset()
+    plan = attntune.explain(q, k, v, causal=True)
+    assert (plan.source, plan.variant) == ("fixed", "eager")
+    out = attntune.attention(q, k, v, causal=True)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, attn_mask=_bottom_right_mask(9, 13), enable_gqa=True),
+                               atol=1e-5, rtol=1e-5)
+    # A fixed variant that cannot run the problem: the safe fallback, with the reason.
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:nystrom")
+    attntune.reset()
+    plan = attntune.explain(q, k, v, causal=True)
+    assert plan.source == "fallback" and plan.variant == "sdpa_default"
+    assert any("nystrom cannot run" in r for r in plan.reasons)
+    # An unknown name: one warning, heuristic plans.
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:no_such_variant")
+    attntune.reset()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        attntune.attention(q, k, v)
+        attntune.attention(q, k, v, causal=True)
+    assert len(_attntune_warnings(rec)) == 1
+    assert attntune.explain(q, k, v).source == "heuristic"
+
+
+def test_policy_bad_name_warns_and_uses_tuned(monkeypatch):
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fastest")
+    attntune.reset()
+    with pytest.warns(RuntimeWarning, match="ATTNTUNE_POLICY"):
+        attntune.stats()
+    assert attntune.stats()["policy"] == "tuned"
+
+
+def test_policy_online_tunes_a_miss(monkeypatch):
+    import attntune.autotune.runner as runner
+
+    q, k, v = rand_qkv(2, 4, 4, 24, 24, 16)
+    calls = []
+
+    def fake_tune_one(problem, store, trials, time_limit):
+        calls.append((problem, trials, time_limit))
+        rec = _record(q, k, v, "sdpa_math", causal=True)
+        store.upsert_winner(rec)
+        return rec
+
+    monkeypatch.setattr(runner, "tune_one", fake_tune_one)
+    monkeypatch.setenv("ATTNTUNE_POLICY", "online")
+    monkeypatch.setenv("ATTNTUNE_ONLINE_TRIALS", "3")
+    attntune.reset()
+    assert attntune.explain(q, k, v, causal=True).source == "heuristic"  # explain never tunes
+    out = attntune.attention(q, k, v, causal=True)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, is_causal=True), atol=3e-5, rtol=1e-5)
+    plan = attntune.explain(q, k, v, causal=True)
+    assert (plan.source, plan.variant) == ("online", "sdpa_math")
+    assert len(calls) == 1 and calls[0][1] == 3
+    attntune.attention(q, k, v, causal=True)
+    assert len(calls) == 1  # tuned once per key
+    # The winner is in the user cache: the next process gets it as a tuned row.
+    attntune.reset()
+    monkeypatch.setenv("ATTNTUNE_POLICY", "tuned")
+    assert attntune.explain(q, k, v, causal=True).source == "tuned"
+
+
+def test_policy_online_tuner_failure_falls_back(monkeypatch):
+    import attntune.autotune.runner as runner
+
+    def broken(problem, store, trials, time_limit):
+        raise RuntimeError("no device time left")
+
+    monkeypatch.setattr(runner, "tune_one", broken)
+    monkeypatch.setenv("ATTNTUNE_POLICY", "online")
+    attntune.reset()
+    q, k, v = rand_qkv(1, 2, 2, 8, 8, 16)
+    with pytest.warns(RuntimeWarning, match="online tuning"):
+        out = attntune.attention(q, k, v)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v), atol=3e-5, rtol=1e-5)
+    assert attntune.explain(q, k, v).source == "heuristic"
+
+
+def test_disable_switch(monkeypatch):
+    monkeypatch.setenv("ATTNTUNE_DISABLE", "1")
+    attntune.reset()
+    q, k, v = rand_qkv(2, 4, 2, 6, 10, 16)
+    st = _user_store()
+    st.upsert_winner(_record(q, k, v, "sdpa_math", causal=True))
+    st.dispose()
+    plan = attntune.explain(q, k, v, causal=True)
+    assert (plan.source, plan.variant) == ("fallback", "sdpa_default")
+    out = attntune.attention(q, k, v, causal=True)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, attn_mask=_bottom_right_mask(6, 10), enable_gqa=True))
+    with attntune.dispatch():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True))
+    assert attntune.stats()["passthrough_calls"] == 1
+    assert runtime.get()._index is None  # no cache touched, no misses recorded
+
+
+def test_max_seqlen_switch(monkeypatch):
+    monkeypatch.setenv("ATTNTUNE_MAX_SEQLEN", "32")
+    attntune.reset()
+    q, k, v = rand_qkv(1, 2, 2, 8, 8, 16)
+    ql, kl, vl = rand_qkv(1, 2, 2, 8, 40, 16)
+    assert attntune.explain(q, k, v).source == "heuristic"
+    plan = attntune.explain(ql, kl, vl)
+    assert plan.source == "fallback" and "ATTNTUNE_MAX_SEQLEN=32" in plan.reasons[0]
+    torch.testing.assert_close(attntune.attention(ql, kl, vl), TORCH_SDPA(ql, kl, vl))
+
+
+def test_allow_approx_switch(monkeypatch):
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:nystrom")
+    q, k, v = rand_qkv(1, 2, 2, 32, 32, 16)
+    attntune.reset()
+    assert attntune.explain(q, k, v).source == "fallback"  # approximation not allowed
+    assert attntune.explain(q, k, v, approx=True).variant == "nystrom"  # ... unless the call allows it
+    monkeypatch.setenv("ATTNTUNE_ALLOW_APPROX", "1")
+    attntune.reset()
+    assert attntune.explain(q, k, v).variant == "nystrom"
+    assert attntune.explain(q, k, v, approx=False).source == "fallback"  # the call's word wins
+    # The SDPA drop-in is never approximate.
+    out = attntune.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v), atol=3e-5, rtol=1e-5)
+
+
+def test_triton_and_variants_switches(monkeypatch):
+    q, k, v = rand_qkv(1, 4, 2, 1, 64, 16)
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:triton_decode")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # triton_decode supports the CPU only interpreted
+    monkeypatch.setenv("ATTNTUNE_TRITON", "0")
+    attntune.reset()
+    plan = attntune.explain(q, k, v)
+    assert plan.source == "fallback" and any("ATTNTUNE_TRITON=0" in r for r in plan.reasons)
+    monkeypatch.setenv("ATTNTUNE_POLICY", "heuristic")
+    monkeypatch.delenv("ATTNTUNE_TRITON")
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "eager")
+    attntune.reset()
+    plan = attntune.explain(q, k, v)
+    assert plan.variant == "eager" and plan.source == "heuristic"
+
+
+def test_log_switch_logs_plans_not_calls(monkeypatch, caplog):
+    monkeypatch.setenv("ATTNTUNE_LOG", "info")
+    attntune.reset()
+    q, k, v = rand_qkv(1, 2, 2, 8, 8, 16)
+    with caplog.at_level(logging.INFO, logger="attntune"):
+        for _ in range(3):
+            attntune.attention(q, k, v, causal=True)
+    plans = [r for r in caplog.records if r.name == "attntune" and r.getMessage().startswith("plan ")]
+    assert len(plans) == 1 and "sdpa_default" in plans[0].getMessage()
+    logging.getLogger("attntune").setLevel(logging.NOTSET)
+
+
+def test_latency_sampling_and_metrics(monkeypatch):
+    pytest.importorskip("prometheus_client")
+    monkeypatch.setenv("ATTNTUNE_LATENCY_SAMPLE", "2")
+    attntune.reset()
+    q, k, v = rand_qkv(1, 2, 2, 8, 8, 16)
+    for _ in range(10):
+        attntune.attention(q, k, v)
+    s = attntune.stats()
+    lat = s["plans"][0]["latency"]
+    assert lat["samples"] == 5 and 0 < lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"]
+    key = s["plans"][0]["key_id"]
+    assert s["keys"][key]["calls"] == 10 and s["misses"] == 10
+    text = attntune.metrics_text()
+    assert f'attntune_calls_total{{key="{key}"' in text
+    assert 'attntune_latency_seconds{key="' in text and 'quantile="0.99"' in text
+    assert "attntune_misses_total 10.0" in text
+
+
+def test_no_latency_samples_by_default():
+    q, k, v = rand_qkv(1, 2, 2, 8, 8, 16)
+    for _ in range(4):
+        attntune.attention(q, k, v)
+    assert attntune.stats()["plans"][0]["latency"] is None
+
+
+# ---- failures -----------------------------------------------------------------------------------------
+class _Boom(Variant):
+    name = "test_boom"
+    family = "test"
+    description = "raises on every call (tests the runtime's fallback)"
+    runs = 0
+
+    def supports(self, problem):
+        return []
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        type(self).runs += 1
+        raise RuntimeError("kernel exploded")
+
+
+@pytest.fixture
+def boom():
+    _Boom.runs = 0
+    registry.register(_Boom())
+    yield _Boom
+    registry.unregister(_Boom.name)
+
+
+def test_failing_plan_falls_back_and_is_quarantined(boom):
+    q, k, v = rand_qkv(2, 4, 4, 32, 32, 16)
+    qn, kn, vn = rand_qkv(2, 4, 4, 40, 40, 16)  # a neighbouring bucket: nearest would pick boom too
+    st = _user_store()
+    st.upsert_winner(_record(q, k, v, boom.name, causal=True))
+    st.dispose()
+    assert attntune.explain(q, k, v, causal=True).variant == boom.name
+    ref = TORCH_SDPA(q, k, v, is_causal=True)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out1 = attntune.attention(q, k, v, causal=True)
+        out2 = attntune.attention(q, k, v, causal=True)
+        outn = attntune.attention(qn, kn, vn, causal=True)
+    msgs = _attntune_warnings(rec)
+    assert len(msgs) == 1 and "quarantined" in msgs[0] and "kernel exploded" in msgs[0]
+    assert boom.runs == 1  # the second call did not retry it, and the neighbour never tried it
+    torch.testing.assert_close(out1, ref, atol=3e-5, rtol=1e-5)
+    torch.testing.assert_close(out2, ref, atol=3e-5, rtol=1e-5)
+    torch.testing.assert_close(outn, TORCH_SDPA(qn, kn, vn, is_causal=True), atol=3e-5, rtol=1e-5)
+    plan = attntune.explain(q, k, v, causal=True)
+    assert plan.source == "fallback" and any("kernel exploded" in r for r in plan.reasons)
+    assert attntune.explain(qn, kn, vn, causal=True).source == "heuristic"
+    s = attntune.stats()
+    assert s["quarantined"][0]["variant"] == boom.name
+
+
+def test_failure_of_the_fallback_itself_raises(monkeypatch):
+    q, k, v = rand_qkv(1, 2, 2, 8, 8, 16)
+    monkeypatch.setenv("ATTNTUNE_DISABLE", "1")
+    attntune.reset()
+    attntune.attention(q, k, v)
+
+    def explode(*a, **kw):
+        raise RuntimeError("torch itself failed")
+
+    slot = next(iter(runtime.SLOTS.values()))
+    monkeypatch.setattr(slot, "fn", explode)
+    with pytest.raises(RuntimeError, match="torch itself failed"):
+        attntune.attention(q, k, v)
+
+
+@pytest.mark.parametrize("which", ["ATTNTUNE_CACHE", "ATTNTUNE_SYSTEM_CACHE"])
+def test_broken_cache_file_one_warning_correct_results(tmp_path, monkeypatch, which):
+    bad = tmp_path / f"garbage-{which}.db"
+    bad.write_bytes(b"\x00\x17 this is not a database " * 64)
+    monkeypatch.setenv(which, str(bad))
+    attntune.reset()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for sq, skv, causal in ((8, 8, True), (3, 17, True), (12, 12, False)):
+            q, k, v = rand_qkv(2, 4, 2, sq, skv, 16)
+            out = attntune.attention(q, k, v, causal=causal)
+            mask = _bottom_right_mask(sq, skv) if causal else None
+            torch.testing.assert_close(out, TORCH_SDPA(q, k, v, attn_mask=mask, enable_gqa=True), atol=3e-5, rtol=1e-5)
+            assert attntune.explain(q, k, v, causal=causal).source == "heuristic"
+        attntune.reset()  # the flush of misses at reset must not warn again
+    msgs = _attntune_warnings(rec)
+    assert len(msgs) == 1 and str(bad) in msgs[0]
+
+
+# ---- torch.compile -----------------------------------------------------------------------------------
+def test_compile_fullgraph_forward_and_backward():
+    torch._dynamo.reset()
+    q, k, v = rand_qkv(2, 4, 2, 8, 12, 16, requires_grad=True)
+
+    def f(q, k, v):
+        return attntune.attention(q * 2.0, k, v, causal=True).sin()
+
+    cf = torch.compile(f, fullgraph=True)
+    out = cf(q, k, v)
+    ref = torch.sin(TORCH_SDPA(q * 2.0, k, v, attn_mask=_bottom_right_mask(8, 12), enable_gqa=True))
+    torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-5)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    rgrads = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(grads, rgrads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # The op resolved its plan at run time through the same plan cache (a fwd_bwd plan).
+    modes = {p["problem"].split()[-1] for p in attntune.stats()["plans"]}
+    assert "fwd_bwd" in modes
+
+
+def test_compile_fullgraph_patched_sdpa():
+    torch._dynamo.reset()
+    q, k, v = rand_qkv(1, 4, 2, 6, 9, 16)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) + 1
+
+    with attntune.dispatch(), torch.no_grad():
+        out = torch.compile(f, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True) + 1, atol=3e-5, rtol=1e-5)
+    assert attntune.stats()["calls"] == 1  # it went through the op, i.e. through attntune
+    torch._dynamo.reset()
+
+
+# ---- CLI -------------------------------------------------------------------------------------------
+def test_cli_explain_and_bench():
+    from typer.testing import CliRunner
+
+    from attntune.cli import app
+
+    r = CliRunner().invoke(app, ["explain", "--shape", "b=2,hq=8,hkv=2,sq=16,skv=64,d=32,causal=1",
+                                 "--device", "cpu", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)[0]
+    assert doc["source"] == "heuristic" and doc["variant"] == "sdpa_default" and doc["policy"] == "tuned"
+    assert {c["variant"] for c in doc["candidates"]} >= {"eager", "sdpa_default"}
+    r = CliRunner().invoke(app, ["explain", "--shape", "b=2,hq=8,sq=16", "--device", "cpu"])
+    assert r.exit_code == 2 and "d" in r.output
+    r = CliRunner().invoke(app, ["bench", "--stress", "--seconds", "0.3", "--device", "cpu", "--json",
+                                 "--shape", "b=1,hq=2,sq=8,d=16,causal=1"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    row = doc["shapes"][0]
+    assert doc["stress"] and row["calls"] > 10 and row["p50_ms"] <= row["p99_ms"] and doc["peak_memory_mb"] > 0
+
+
+# ---- GPU ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["prefill", "decode", "window"])
+def test_cuda_graph_capture(kind):
+    dev = torch.device("cuda")
+    if kind == "prefill":
+        q, k, v = rand_qkv(2, 8, 2, 128, 128, 64, dtype=torch.float16, device=dev)
+        kw = dict(causal=True)
+    elif kind == "decode":
+        q, k, v = rand_qkv(4, 16, 4, 1, 1024, 128, dtype=torch.float16, device=dev)
+        kw = dict(kv_lens=torch.tensor([1024, 5, 700, 333], device=dev, dtype=torch.int32))
+    else:
+        q, k, v = rand_qkv(1, 8, 8, 512, 512, 64, dtype=torch.float16, device=dev)
+        kw = dict(causal=True, window=(64, 0))
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                attntune.attention(q, k, v, **kw)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = attntune.attention(q, k, v, **kw)
+        for seed in (1, 2):
+            nq, nk, nv = rand_qkv(*q.shape[:2], k.shape[1], q.shape[2], k.shape[2], q.shape[3], dtype=torch.float16,
+                                  device=dev, seed=seed)
+            q.copy_(nq), k.copy_(nk), v.copy_(nv)
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out, attntune.attention(q, k, v, **kw), atol=0, rtol=0)
+    print(attntune.explain(q, k, v, **kw))
+
+
+@pytest.mark.gpu
+def test_gpu_routes_equal_sdpa():
+    dev = torch.device("cuda")
+    q, k, v = rand_qkv(2, 8, 2, 100, 300, 64, dtype=torch.float16, device=dev)
+    out = attntune.attention(q, k, v, causal=True)
+    ref = TORCH_SDPA(q, k, v, attn_mask=_bottom_right_mask(100, 300).to(dev), enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=4e-3, rtol=4e-4)
+    out = attntune.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True), atol=4e-3, rtol=4e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_compile_fullgraph():
+    torch._dynamo.reset()
+    dev = torch.device("cuda")
+    q, k, v = rand_qkv(2, 8, 2, 64, 64, 64, dtype=torch.bfloat16, device=dev, requires_grad=True)
+    cf = torch.compile(lambda q, k, v: attntune.attention(q, k, v, causal=True), fullgraph=True)
+    out = cf(q, k, v)
+    ref = TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=5e-3)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b, atol=0.9, rtol=0.1)
