@@ -22,6 +22,10 @@ from attntune.problem import AttentionProblem
 
 _GPU_DTYPES_16 = ("float16", "bfloat16")
 
+# torch's own SDPA, bound at import: while ``attntune.dispatch()`` patches
+# ``F.scaled_dot_product_attention``, these variants must still call torch's, not re-enter attntune.
+_torch_sdpa = F.scaled_dot_product_attention
+
 
 class SdpaVariant(Variant):
     """``torch.nn.functional.scaled_dot_product_attention`` with one backend forced (or none)."""
@@ -65,9 +69,9 @@ class SdpaVariant(Variant):
         if gqa:
             kwargs["enable_gqa"] = True
         if self.backend is None:
-            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+            return _torch_sdpa(q, k, v, **kwargs)
         with sdpa_kernel(self.backend):
-            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+            return _torch_sdpa(q, k, v, **kwargs)
 
 
 @functools.lru_cache(maxsize=4096)
