@@ -104,7 +104,9 @@ def record_to_row(rec: WinnerRecord) -> Dict[str, Any]:
         "tflops": rec.tflops,
         "tbps": rec.tbps,
         "runner_up": rec.runner_up,
-        "runner_up_config_json": json.dumps(rec.runner_up_config, sort_keys=True) if rec.runner_up_config else None,
+        # ``is not None``: an empty config ({} — a variant without parameters) must round-trip as {}.
+        "runner_up_config_json": (json.dumps(rec.runner_up_config, sort_keys=True)
+                                  if rec.runner_up_config is not None else None),
         "runner_up_ms": rec.runner_up_ms,
         "sdpa_default_ms": rec.sdpa_default_ms,
         "max_error": rec.max_error,

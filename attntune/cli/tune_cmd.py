@@ -1,0 +1,246 @@
+"""``attntune tune`` and ``attntune suites``: measure this machine and fill the user cache."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import typer
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from rich.table import Table
+
+from attntune.cli import app
+from attntune.cli.common import console, err_console, fmt_ms
+
+SHAPE_HELP = ("One problem as field=value pairs (repeatable), e.g. "
+              "b=4,hq=32,hkv=8,sq=2048,skv=2048,d=128,causal=1,window=256:0,kv_lens=1,dtype=bfloat16. "
+              "Fields: b, hq, hkv (default hq), sq, skv (default sq), d, dv (default d), causal 0/1, "
+              "align br|tl, window LEFT:RIGHT (-1 unbounded), kv_lens 0/1, dtype, mode fwd|fwd_bwd, approx 0/1. "
+              "hq, sq and d are required.")
+
+
+def _device(name: Optional[str]):
+    import torch
+
+    from attntune.device import default_device
+
+    if name is None:
+        return default_device()
+    if name not in ("cpu", "cuda"):
+        raise typer.BadParameter("must be cpu or cuda", param_hint="--device")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter("no CUDA/ROCm device is visible", param_hint="--device")
+    return torch.device(name)
+
+
+def _gpus(spec: Optional[str]) -> Optional[List[int]]:
+    if spec is None:
+        return None
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise typer.BadParameter(f"{part!r} is not a GPU index (expected e.g. 0,1)", param_hint="--gpus")
+        out.append(int(part))
+    if not out:
+        raise typer.BadParameter("empty list", param_hint="--gpus")
+    return out
+
+
+def _problems_from_misses(store, device) -> tuple:
+    """Problems of the misses recorded for this device (other devices' misses are left alone)."""
+    from attntune.device import device_fingerprint
+    from attntune.key import TuneKey
+
+    fp = device_fingerprint(device)
+    problems, key_ids, foreign = [], [], 0
+    for m in store.misses():
+        try:
+            key = TuneKey.model_validate_json(m["key_json"])
+        except Exception:  # noqa: BLE001 — a malformed miss row is skipped, not executed
+            continue
+        if key.device != fp:
+            foreign += 1
+            continue
+        problems.append(key.representative())
+        key_ids.append(key.key_id)
+    return problems, key_ids, foreign
+
+
+class _ProgressView:
+    """Turns tuner events into a rich progress bar: one step per key, the key in progress and the
+    best time so far."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.task = progress.add_task("starting", total=None, best="")
+        self.done: set = set()
+        self.errors: List[str] = []
+
+    def __call__(self, ev: Dict) -> None:
+        kind = ev["type"]
+        if kind == "keys":
+            self.progress.update(self.task, total=ev["total"])
+        elif kind == "key_start":
+            w = f"[w{ev['worker']}] " if ev.get("worker") else ""
+            self.progress.update(self.task, description=f"{w}{ev['key']}", best="")
+        elif kind == "trial":
+            best = ""
+            if ev.get("best_variant"):
+                best = f"best {ev['best_variant']} {fmt_ms(ev['best_ms'])}"
+            self.progress.update(self.task, best=f"trial {ev['n']}/{ev['budget']}  {best}")
+        elif kind in ("key_done", "key_skipped"):
+            if ev["key_id"] not in self.done:
+                self.done.add(ev["key_id"])
+                self.progress.advance(self.task)
+        elif kind == "worker_errors":
+            self.errors.extend(ev["errors"])
+
+
+def _summary(results) -> Table:
+    t = Table(title="attntune tune")
+    for c in ("key", "winner", "time", "vs SDPA default", "trials", "failed", "status"):
+        t.add_column(c, overflow="fold")
+    for r in results:
+        rec = r.record
+        sp = rec.speedup if rec else None
+        status = r.status if not r.reason or r.status == "tuned" else f"{r.status}: {r.reason.splitlines()[0]}"
+        t.add_row(r.key.short(), rec.variant if rec else "-", fmt_ms(rec.median_ms) if rec else "-",
+                  f"{sp:.2f}x" if sp else "-", str(r.trials if r.status != "skipped" else (rec.trials if rec else 0)),
+                  str(r.failed), status)
+    return t
+
+
+@app.command()
+def tune(
+    suite: Optional[str] = typer.Option(None, "--suite", help="Suite to tune (see `attntune suites`). "
+                                        "Default: `default` on a GPU, `demo` on the CPU."),
+    shape: Optional[List[str]] = typer.Option(None, "--shape", help=SHAPE_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, float16, bfloat16 (default: float32 "
+                                        "on the CPU, bfloat16 on a GPU)."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="fwd or fwd_bwd: override the suite's modes."),
+    cache: Optional[str] = typer.Option(None, "--cache", help="Target cache path or SQLAlchemy URL "
+                                        "(default: the user cache, ATTNTUNE_CACHE)."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: optuna.db "
+                                          "next to the cache); open it with optuna-dashboard. 'memory': none."),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Measured trials per key "
+                                         "(default 24 on a GPU, 12 on the CPU)."),
+    time_limit: Optional[float] = typer.Option(None, "--time-limit", min=1, help="Wall seconds for the whole "
+                                               "run; the key in progress is resumed by the next run."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices, one worker process each (default: "
+                                       "all visible GPUs)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (on one GPU, or the CPU)."),
+    from_misses: bool = typer.Option(False, "--from-misses", help="Tune the keys recorded as misses at run "
+                                     "time in the cache (and clear them)."),
+    force: bool = typer.Option(False, "--force", help="Re-tune keys that already have a valid winner."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the inputs and the samplers."),
+    claim_ttl: float = typer.Option(120.0, "--claim-ttl", min=1, help="Seconds before a dead worker's key "
+                                    "claim expires and another worker retakes the key."),
+    quick: bool = typer.Option(False, "--quick", help="Few timing repetitions (smoke tests, CI): faster, "
+                               "less precise rankings."),
+) -> None:
+    """Tune attention variants for a suite of problem keys (or given shapes) on this machine.
+
+    Resumable: finished keys are kept (skipped on the next run unless --force) and a key interrupted
+    mid-way continues from its optuna study. Ctrl-C stops cleanly.
+    """
+    from attntune.autotune.runner import Interrupted, run_tuning
+    from attntune.autotune.shapes import ShapeSpecError, parse_shape
+    from attntune.autotune.suites import default_dtype, get_suite, materialize
+    from attntune.autotune.timing import TimingOptions
+    from attntune.cache import CacheStore, user_cache_url
+    from attntune.problem import DTYPES
+
+    dev = _device(device)
+    gpu_list = _gpus(gpus)
+    if gpu_list is not None and dev.type != "cuda":
+        raise typer.BadParameter("--gpus needs --device cuda", param_hint="--gpus")
+    if dtype is not None and dtype not in DTYPES:
+        raise typer.BadParameter(f"expected one of {sorted(DTYPES)}", param_hint="--dtype")
+    if mode is not None and mode not in ("fwd", "fwd_bwd"):
+        raise typer.BadParameter("expected fwd or fwd_bwd", param_hint="--mode")
+    if from_misses and (suite or shape):
+        raise typer.BadParameter("cannot be combined with --suite or --shape", param_hint="--from-misses")
+    if suite and shape:
+        raise typer.BadParameter("give --suite or --shape, not both", param_hint="--shape")
+    cache_url = cache or user_cache_url()
+    miss_ids: List[str] = []
+    if from_misses:
+        store = CacheStore(cache_url)
+        problems, miss_ids, foreign = _problems_from_misses(store, dev)
+        store.dispose()
+        if foreign:
+            console.print(f"{foreign} recorded misses belong to other devices; left for them")
+        if not problems:
+            console.print("No misses recorded for this device.")
+            return
+    elif shape:
+        problems = []
+        for spec in shape:
+            try:
+                problems.append(parse_shape(spec, device_type=dev.type, dtype=dtype or default_dtype(dev.type),
+                                            mode=mode))
+            except ShapeSpecError as e:
+                raise typer.BadParameter(f"{spec!r}: {e}", param_hint="--shape") from None
+    else:
+        name = suite or ("demo" if dev.type == "cpu" else "default")
+        try:
+            templates = get_suite(name).templates()
+        except KeyError as e:
+            raise typer.BadParameter(str(e.args[0]), param_hint="--suite") from None
+        problems = materialize(templates, dev.type, dtype, mode)
+
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                        TextColumn("{task.fields[best]}"), console=console, transient=False)
+    view = _ProgressView(progress)
+    interrupted = False
+    try:
+        with progress:
+            results = run_tuning(problems, cache=cache_url, storage=storage, trials=trials, time_limit=time_limit,
+                                 force=force, workers=workers, gpus=gpu_list, seed=seed, claim_ttl=claim_ttl,
+                                 timing=TimingOptions.quick() if quick else None, on_event=view)
+    except Interrupted as e:
+        results, interrupted = e.results, True
+    except ValueError as e:
+        err_console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2)
+    console.print(_summary(results))
+    tuned = sum(r.status == "tuned" for r in results)
+    console.print(f"{tuned} keys tuned, {sum(r.status == 'skipped' for r in results)} already valid, "
+                  f"{sum(r.status == 'no-winner' for r in results)} without any passing variant; cache {cache_url}")
+    if from_misses:
+        done = [r.key_id for r in results if r.record is not None and r.key_id in set(miss_ids)]
+        if done:
+            store = CacheStore(cache_url)
+            store.clear_misses(done)
+            store.dispose()
+            console.print(f"cleared {len(done)} misses")
+    for e in view.errors:
+        err_console.print(f"[red]{e}[/red]")
+    if interrupted:
+        console.print("[yellow]interrupted[/yellow]: finished keys are kept; run the same command again to "
+                      "resume the rest.")
+        raise typer.Exit(130)
+    if view.errors:
+        raise typer.Exit(1)
+
+
+@app.command()
+def suites(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the named suites `attntune tune --suite` accepts."""
+    import json
+
+    from attntune.autotune.suites import SUITES
+
+    if as_json:
+        print(json.dumps({n: {"description": s.description, "problems": len(s.templates())}
+                          for n, s in SUITES.items()}, indent=2))
+        return
+    t = Table(title="attntune suites")
+    for c in ("suite", "problems", "description"):
+        t.add_column(c, overflow="fold")
+    for n, s in SUITES.items():
+        t.add_row(n, str(len(s.templates())), s.description)
+    console.print(t)

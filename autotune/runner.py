@@ -1,0 +1,377 @@
+"""Running a tune: keys → claims → :class:`KeyTuner`, in this process or in one worker process per GPU.
+
+Entry points:
+
+* :func:`tune` — the Python API (``attntune.autotune.tune``): problems in, winners out.
+* :func:`run_tuning` — the same, returning a :class:`KeyResult` per key (the CLI's summary table).
+* :func:`tune_one` — one missed key in place under a small budget (the runtime's online policy).
+
+Workers: with ``workers > 1`` or several GPUs, one process per worker (multiprocessing *spawn*: a
+forked CUDA context is unusable), each with ``CUDA_VISIBLE_DEVICES`` set to its GPU before it starts.
+Every worker walks the whole key list and takes keys through claims (:mod:`claims`), so each key is
+tuned once, whichever worker gets there first; a worker that dies leaves a claim that expires, and a
+surviving worker retakes the key. All write one cache; events (progress) and results come back to the
+parent over a queue.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import time
+import traceback
+from datetime import datetime
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from attntune.autotune import claims
+from attntune.autotune.retry import retry_locked
+from attntune.autotune.study import MEMORY, default_storage_url, open_storage
+from attntune.autotune.sweep import Event, FatalDeviceError, KeyResult, KeyTuner, SweepOptions
+from attntune.autotune.timing import TimingOptions
+from attntune.cache.layered import system_cache_path, user_cache_url
+from attntune.cache.models import WinnerRecord, judge, utcnow
+from attntune.cache.store import CacheStore
+from attntune.device import device_fingerprint
+from attntune.key import TuneKey
+from attntune.problem import AttentionProblem
+
+DEFAULT_TRIALS = {"cuda": 24, "cpu": 12}
+CLAIM_TTL_S = 120.0
+POLL_S = 0.5
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a tune. ``results`` holds what finished before it (finished keys are already in
+    the cache; the key in progress was released and resumes from its optuna study)."""
+
+    def __init__(self, results: List[KeyResult]):
+        super().__init__("tuning interrupted")
+        self.results = results
+
+
+def resolve_keys(problems: Sequence[AttentionProblem], device: torch.device) -> List[TuneKey]:
+    """The distinct keys of ``problems`` on ``device``, in order."""
+    fp = device_fingerprint(device)
+    out, seen = [], set()
+    for p in problems:
+        if p.device_type != device.type:
+            raise ValueError(f"problem {p.short()} is for {p.device_type}, the tuner runs on {device.type}")
+        k = TuneKey.from_problem(p, fp)
+        if k.key_id not in seen:
+            seen.add(k.key_id)
+            out.append(k)
+    return out
+
+
+def _needs_tuning(raw: Optional[dict], force: bool, run_start: datetime) -> Tuple[bool, Optional[WinnerRecord], bool]:
+    """(tune it?, the valid existing record, must the upsert be forced?). A stale or rejected row is
+    replaced (forced); a valid one is kept unless ``force`` and it predates this run."""
+    if raw is None:
+        return True, None, False
+    verdict = judge(raw, "user")
+    if verdict.status != "valid":
+        return True, None, True
+    if force and verdict.record.created_at < run_start:
+        return True, verdict.record, True
+    return False, verdict.record, False
+
+
+def _open_cache(cache: Union[str, CacheStore, None]) -> CacheStore:
+    if isinstance(cache, CacheStore):
+        return cache
+    return CacheStore(cache or user_cache_url())
+
+
+def _warm_stores(store: CacheStore, use_system: bool) -> List[CacheStore]:
+    out = [store]
+    path = system_cache_path() if use_system else None
+    if path is not None:
+        try:
+            out.append(CacheStore(str(path), readonly=True))
+        except Exception:  # noqa: BLE001 — the shipped cache only seeds warm starts
+            pass
+    return out
+
+
+def run_worker(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheStore, None], storage: Optional[str],
+               options: SweepOptions, run_start: datetime, worker: int = 0, claim_ttl: float = CLAIM_TTL_S,
+               wait_for_others: bool = True, on_event: Optional[Event] = None,
+               use_system_cache: bool = True) -> List[KeyResult]:
+    """Tune every key of ``problems`` that needs it, in this process. Keys claimed by another live
+    worker are revisited until that worker finishes them or its claim expires (``wait_for_others``).
+    Raises :class:`Interrupted` on Ctrl-C (claims released) and :class:`FatalDeviceError`."""
+    emit = on_event or (lambda ev: None)
+    device = torch.device(problems[0].device_type) if problems else torch.device("cpu")
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    keys = resolve_keys(problems, device)
+    store = _open_cache(cache)
+    optuna_storage = open_storage(storage)
+    warm = _warm_stores(store, use_system_cache)
+    owner = claims.owner_id(worker)
+    results: Dict[str, KeyResult] = {}
+    pending = list(keys)
+    try:
+        while pending:
+            waiting = False
+            for key in list(pending):
+                if options.time_up():
+                    for k in pending:
+                        results.setdefault(k.key_id, KeyResult(key=k, status="unfinished", reason="time limit reached"))
+                    return [results[k.key_id] for k in keys if k.key_id in results]
+                kid = key.key_id
+                need, existing, _ = _needs_tuning(retry_locked(store.raw_winner, kid), options.force, run_start)
+                if not need:
+                    results[kid] = KeyResult(key=key, status="skipped", record=existing, reason="valid winner in cache")
+                    pending.remove(key)
+                    emit({"type": "key_skipped", "key_id": kid, "key": key.short(), "worker": worker})
+                    continue
+                if not claims.try_claim(store, kid, owner, claim_ttl, run_start):
+                    st = claims.claim_state(store, kid)
+                    if st is not None and st["done"]:
+                        results[kid] = KeyResult(key=key, status="done-elsewhere", reason=f"finished by {st['owner']}")
+                        pending.remove(key)
+                        emit({"type": "key_skipped", "key_id": kid, "key": key.short(), "worker": worker})
+                    elif wait_for_others:
+                        waiting = True
+                    else:
+                        results[kid] = KeyResult(key=key, status="unfinished", reason="claimed by another worker")
+                        pending.remove(key)
+                    continue
+                results[kid] = _tune_claimed(key, store, optuna_storage, options, warm, owner, claim_ttl,
+                                             run_start, worker, emit)
+                pending.remove(key)
+            if pending and waiting:
+                time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        raise Interrupted([results[k.key_id] for k in keys if k.key_id in results]) from None
+    finally:
+        if not isinstance(cache, CacheStore):
+            store.dispose()
+    return [results[k.key_id] for k in keys if k.key_id in results]
+
+
+def _tune_claimed(key: TuneKey, store: CacheStore, storage, options: SweepOptions, warm, owner: str,
+                  claim_ttl: float, run_start: datetime, worker: int, emit: Event) -> KeyResult:
+    """Tune a key this worker has claimed; finish (done) or release the claim however it ends."""
+    kid = key.key_id
+    finished = False
+    try:
+        # Another worker may have finished the key between our check and our claim.
+        need, existing, force_upsert = _needs_tuning(retry_locked(store.raw_winner, kid), options.force, run_start)
+        if not need:
+            finished = True
+            emit({"type": "key_skipped", "key_id": kid, "key": key.short(), "worker": worker})
+            return KeyResult(key=key, status="skipped", record=existing, reason="valid winner in cache")
+        emit({"type": "key_start", "key_id": kid, "key": key.short(), "worker": worker})
+        with claims.Heartbeat(store, kid, owner, claim_ttl) as hb:
+            try:
+                res = KeyTuner(key, store, storage, options, warm_stores=warm, on_event=emit,
+                               force_upsert=force_upsert, lost=hb.lost.is_set).run()
+            except (KeyboardInterrupt, FatalDeviceError):
+                raise
+            except Exception as e:  # noqa: BLE001 — a tuner bug or a lost database: report, go on
+                res = KeyResult(key=key, status="error",
+                                reason=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+        finished = res.status not in ("unfinished", "error")
+        emit({"type": "key_done", "key_id": kid, "key": key.short(), "worker": worker, "status": res.status,
+              "variant": res.record.variant if res.record else None,
+              "ms": res.record.median_ms if res.record else None, "reason": res.reason})
+        return res
+    finally:
+        try:
+            if finished:
+                claims.finish(store, kid, owner)
+            else:
+                retry_locked(store.release_claim, kid, owner)
+        except Exception:  # noqa: BLE001 — the claim then simply expires
+            pass
+
+
+# ---- multi-process --------------------------------------------------------------------------------
+
+def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
+    """Body of a spawned worker process. Everything crosses the process boundary as JSON."""
+    import signal
+
+    problems = [AttentionProblem.model_validate_json(s) for s in payload["problems"]]
+    opts = SweepOptions(trials=payload["trials"], deadline=payload["deadline"], force=payload["force"],
+                        seed=payload["seed"], timing=TimingOptions(**payload["timing"]))
+
+    def emit(ev: Dict[str, Any]) -> None:
+        q.put({**ev, "worker": worker})
+
+    try:
+        res = run_worker(problems, cache=payload["cache"], storage=payload["storage"], options=opts,
+                         run_start=datetime.fromisoformat(payload["run_start"]), worker=worker,
+                         claim_ttl=payload["claim_ttl"], on_event=emit)
+        q.put({"type": "results", "worker": worker, "results": [r.model_dump_json() for r in res]})
+    except Interrupted as e:
+        q.put({"type": "results", "worker": worker, "results": [r.model_dump_json() for r in e.results],
+               "interrupted": True})
+    except BaseException as e:  # noqa: BLE001 — report, then die with a non-zero code
+        q.put({"type": "error", "worker": worker, "error": f"{type(e).__name__}: {e}",
+               "traceback": traceback.format_exc()})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        raise SystemExit(1)
+
+
+def _run_processes(problems, assignments: List[Optional[str]], base: Dict[str, Any], emit: Event) -> List[KeyResult]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = []
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        for i, gpu in enumerate(assignments):
+            # The child reads its environment at start: set its GPU before start(), restore after.
+            if gpu is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+            p = ctx.Process(target=_worker_entry, args=(base, i, q), name=f"attntune-tune-{i}")
+            p.start()
+            procs.append(p)
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    results: Dict[str, KeyResult] = {}
+    errors: List[str] = []
+    reported = set()
+    interrupted = False
+
+    def drain(timeout: float) -> None:
+        nonlocal interrupted
+        try:
+            ev = q.get(timeout=timeout)
+        except queue_mod.Empty:
+            return
+        if ev["type"] == "results":
+            reported.add(ev["worker"])
+            interrupted = interrupted or bool(ev.get("interrupted"))
+            for s in ev["results"]:
+                r = KeyResult.model_validate_json(s)
+                cur = results.get(r.key_id)
+                # The worker that tuned a key speaks for it; the others only saw it skipped.
+                if cur is None or (r.status == "tuned" and cur.status != "tuned"):
+                    results[r.key_id] = r
+        elif ev["type"] == "error":
+            reported.add(ev["worker"])
+            errors.append(f"worker {ev['worker']}: {ev['error']}\n{ev.get('traceback', '')}")
+        else:
+            emit(ev)
+
+    try:
+        while any(p.is_alive() for p in procs) or not q.empty():
+            drain(0.2)
+    except KeyboardInterrupt:
+        interrupted = True
+        # The workers got the same SIGINT: let them release their claims and report.
+        deadline = time.time() + 30
+        while (any(p.is_alive() for p in procs) or not q.empty()) and time.time() < deadline:
+            try:
+                drain(0.2)
+            except KeyboardInterrupt:
+                break
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=5)
+    for i, p in enumerate(procs):
+        if i not in reported and p.exitcode not in (0, None):
+            errors.append(f"worker {i} died with exit code {p.exitcode}")
+    ordered = [results[k] for k in dict.fromkeys(results)]
+    if interrupted:
+        raise Interrupted(ordered)
+    if errors:
+        emit({"type": "worker_errors", "errors": errors})
+    return ordered
+
+
+# ---- public API -----------------------------------------------------------------------------------
+
+def run_tuning(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheStore, None] = None,
+               storage: Optional[str] = None, trials: Optional[int] = None, time_limit: Optional[float] = None,
+               force: bool = False, workers: int = 1, gpus: Optional[Sequence[int]] = None, seed: int = 0,
+               claim_ttl: float = CLAIM_TTL_S, timing: Optional[TimingOptions] = None,
+               on_event: Optional[Event] = None) -> List[KeyResult]:
+    """Tune ``problems`` (concrete: dtype and device_type set, e.g. by :func:`suites.materialize`) into
+    ``cache`` (a path/URL or an open :class:`CacheStore`; default the user cache).
+
+    ``storage``: optuna storage URL (default ``optuna.db`` next to a SQLite cache; ``"memory"`` for
+    none). ``trials``: measured trials per key (default 24 on GPUs, 12 on the CPU). ``time_limit``:
+    wall seconds for the whole run; no trial starts after it, the key in progress is left to a resume.
+    ``workers``/``gpus``: worker processes (one per listed GPU; ``workers`` processes otherwise).
+    Raises :class:`Interrupted` on Ctrl-C, carrying the results of the finished keys."""
+    problems = list(problems)
+    emit = on_event or (lambda ev: None)
+    if not problems:
+        return []
+    dev_type = problems[0].device_type
+    trials = trials or DEFAULT_TRIALS.get(dev_type, 12)
+    deadline = time.time() + time_limit if time_limit else None
+    opts = SweepOptions(trials=trials, deadline=deadline, force=force, seed=seed, timing=timing or TimingOptions())
+    run_start = utcnow()
+    cache_url = cache.url if isinstance(cache, CacheStore) else (cache or user_cache_url())
+    if storage is None:
+        storage = default_storage_url(cache_url)
+    gpu_list = list(gpus) if gpus is not None else None
+    if dev_type == "cuda" and gpu_list is None and workers <= 1 and torch.cuda.device_count() > 1:
+        gpu_list = list(range(torch.cuda.device_count()))  # one worker per visible GPU by default
+    if gpu_list is not None and len(gpu_list) > 1:
+        assignments: List[Optional[str]] = [str(g) for g in gpu_list]
+        # ``workers`` larger than the GPU count adds workers round-robin over the GPUs.
+        while len(assignments) < workers:
+            assignments.append(str(gpu_list[len(assignments) % len(gpu_list)]))
+    elif workers > 1:
+        assignments = [str(gpu_list[0]) if gpu_list else None] * workers
+    else:
+        assignments = []
+    n_keys = len({k.key_id for k in _keys_for_count(problems, gpu_list)})
+    emit({"type": "keys", "total": n_keys, "workers": max(1, len(assignments))})
+    if assignments:
+        if storage == MEMORY:
+            raise ValueError("several workers need a shared optuna storage (a URL), not 'memory'")
+        base = {"problems": [p.model_dump_json() for p in problems], "cache": cache_url, "storage": storage,
+                "trials": trials, "deadline": deadline, "force": force, "seed": seed,
+                "timing": opts.timing.__dict__, "run_start": run_start.isoformat(), "claim_ttl": claim_ttl}
+        return _run_processes(problems, assignments, base, emit)
+    if gpu_list and dev_type == "cuda":
+        torch.cuda.set_device(gpu_list[0])
+    return run_worker(problems, cache=cache, storage=storage, options=opts, run_start=run_start,
+                      claim_ttl=claim_ttl, on_event=emit)
+
+
+def _keys_for_count(problems, gpu_list) -> List[TuneKey]:
+    dev = torch.device(problems[0].device_type)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", gpu_list[0] if gpu_list else torch.cuda.current_device())
+    return resolve_keys(problems, dev)
+
+
+def tune(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheStore, None] = None,
+         storage: Optional[str] = None, trials: Optional[int] = None, time_limit: Optional[float] = None,
+         force: bool = False, workers: int = 1, gpus: Optional[Sequence[int]] = None, seed: int = 0,
+         on_event: Optional[Callable[[Dict[str, Any]], None]] = None, **kwargs) -> List[WinnerRecord]:
+    """Tune ``problems`` and return the winner of every key that has one after the run (newly tuned
+    or kept from the cache), in problem order. See :func:`run_tuning` for the arguments."""
+    res = run_tuning(problems, cache=cache, storage=storage, trials=trials, time_limit=time_limit, force=force,
+                     workers=workers, gpus=gpus, seed=seed, on_event=on_event, **kwargs)
+    return [r.record for r in res if r.record is not None]
+
+
+def tune_one(problem: AttentionProblem, store: CacheStore, trials: int = 6, time_limit: float = 5.0,
+             storage: Optional[str] = MEMORY) -> Optional[WinnerRecord]:
+    """Tune the key of one missed ``problem`` in place (the runtime's online policy), under ``trials``
+    measured trials and ``time_limit`` seconds; writes the winner into ``store`` and returns it (None when
+    nothing passed the gate, or another process holds the key's claim — it does not wait for it).
+    Called off the hot path, on the caller's device; a key cut short by the time limit still gets the
+    best of what was measured. No optuna storage by default (in-memory study)."""
+    opts = SweepOptions(trials=trials, deadline=time.time() + time_limit, partial_ok=True)
+    res = run_worker([problem], cache=store, storage=storage, options=opts, run_start=utcnow(),
+                     wait_for_others=False, use_system_cache=False)
+    return res[0].record if res else None

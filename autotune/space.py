@@ -1,0 +1,127 @@
+"""The conditional search space of one key: which variant, then that variant's own parameters.
+
+Optuna parameter names: ``variant`` (categorical over the candidate names), then ``<variant>.<param>``
+for each of that variant's parameters (categorical over its declared domain). Names are namespaced so
+two variants with a ``BLOCK_M`` never share a distribution, and a variant's parameters only appear in
+trials of that variant (define-by-run).
+
+Candidates come from :func:`attntune.kernels.registry.candidates` — every registered variant whose
+``supports`` is empty (approximate ones only when the problem allows approximation); nothing here knows
+any variant by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from attntune.device import software_fingerprint
+from attntune.kernels import registry
+from attntune.kernels.base import Config, Space, Variant
+from attntune.problem import AttentionProblem
+
+VARIANT_PARAM = "variant"
+
+
+def config_id(variant: str, config: Config) -> str:
+    """A canonical string for one (variant, config): what "tried already" compares."""
+    return variant + json.dumps(config, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    variant: Variant
+    space: Space
+
+    @property
+    def name(self) -> str:
+        return self.variant.name
+
+
+class SearchSpace:
+    """Built once per key from the registry. ``excluded`` lists candidates dropped because their
+    ``space()`` raised (name, reason) — recorded as failed trials by the sweep."""
+
+    def __init__(self, problem: AttentionProblem):
+        self.problem = problem
+        self.candidates: List[Candidate] = []
+        self.excluded: List[Tuple[str, str]] = []
+        for v in registry.candidates(problem):
+            try:
+                sp = v.space(problem)
+                sp.first()  # a space without any valid config cannot run at all
+            except Exception as e:  # noqa: BLE001 — a buggy variant must not stop the key
+                self.excluded.append((v.name, f"space() failed: {type(e).__name__}: {e}"))
+                continue
+            self.candidates.append(Candidate(v, sp))
+        self._by_name: Dict[str, Candidate] = {c.name: c for c in self.candidates}
+
+    @property
+    def names(self) -> List[str]:
+        return [c.name for c in self.candidates]
+
+    def get(self, name: str) -> Optional[Candidate]:
+        return self._by_name.get(name)
+
+    # ---- optuna encoding ----------------------------------------------------------------------------
+    def to_params(self, variant: str, config: Config) -> Dict[str, Any]:
+        """The optuna params dict of one configuration (for ``study.enqueue_trial``)."""
+        out: Dict[str, Any] = {VARIANT_PARAM: variant}
+        out.update({f"{variant}.{k}": v for k, v in config.items()})
+        return out
+
+    def from_params(self, params: Dict[str, Any]) -> Tuple[str, Config]:
+        """Inverse of :meth:`to_params` (for stored trials)."""
+        name = params[VARIANT_PARAM]
+        prefix = name + "."
+        return name, {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+
+    def suggest(self, trial) -> Tuple[str, Config]:
+        """Define-by-run sampling inside an optuna trial: the variant, then its parameters. Enqueued
+        trials get their fixed values back from the same calls."""
+        name = trial.suggest_categorical(VARIANT_PARAM, self.names)
+        cand = self._by_name[name]
+        cfg = {p.name: trial.suggest_categorical(f"{name}.{p.name}", list(p.choices)) for p in cand.space.params}
+        return name, cfg
+
+    # ---- enumeration --------------------------------------------------------------------------------
+    def grid_size(self, limit: int) -> Optional[int]:
+        """Number of valid configurations over all candidates, or None when it exceeds ``limit``
+        (spaces are enumerated only up to the limit, so a huge space costs nothing)."""
+        n = 0
+        for c in self.candidates:
+            for _ in c.space.grid():
+                n += 1
+                if n > limit:
+                    return None
+        return n
+
+    def grid(self) -> Iterator[Tuple[str, Config]]:
+        """Every valid configuration: candidates in registry order, each in declaration order."""
+        for c in self.candidates:
+            for cfg in c.space.grid():
+                yield c.name, cfg
+
+    def defaults(self) -> List[Tuple[str, Config]]:
+        """Each candidate's ``space.first()`` (its default config): tried before any sampling."""
+        return [(c.name, c.space.first()) for c in self.candidates]
+
+    def validate(self, variant: str, config: Config) -> List[str]:
+        cand = self._by_name.get(variant)
+        if cand is None:
+            return [f"{variant} is not a candidate for this key"]
+        return cand.space.validate(config)
+
+    def signature(self) -> str:
+        """Hash of what the stored trials of a study depend on: candidate names, their source hashes and
+        parameter domains, and the software versions. A study whose signature differs was measured on
+        other code and is started afresh."""
+        sw = software_fingerprint("", self.problem.device_type).model_dump_json()
+        parts = [sw]
+        for c in self.candidates:
+            dom = [(p.name, [repr(x) for x in p.choices]) for p in c.space.params]
+            parts.append(json.dumps([c.name, c.variant.source_hash(), dom]))
+        return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
+

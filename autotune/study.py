@@ -1,0 +1,94 @@
+"""Optuna storage and studies: one study per key (``study_name`` = the key id) in a standard RDB
+storage, so a run can be resumed and inspected with ``optuna-dashboard <storage URL>``.
+
+Default storage: ``optuna.db`` next to the SQLite cache (``sqlite:///<cache dir>/optuna.db``). A study
+keeps a ``signature`` user attribute (:meth:`SearchSpace.signature`); when the candidates, their source
+or the software versions changed, its trials describe other code and the study is started afresh.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Optional
+
+import optuna
+from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from attntune.autotune.retry import retry_locked
+from attntune.cache.store import BUSY_TIMEOUT_MS, normalize_url
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial would drown the progress bar
+
+MEMORY = "memory"
+
+
+def default_storage_url(cache_url: str) -> str:
+    """``optuna.db`` next to a SQLite cache file; for a server database (PostgreSQL) the same URL (the
+    study tables are created beside the cache's — see :func:`open_storage`)."""
+    url = normalize_url(cache_url)
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        if not u.database or u.database == ":memory:":
+            return MEMORY
+        return f"sqlite:///{Path(u.database).parent / 'optuna.db'}"
+    return url
+
+
+def _sqlite_wal(path: str) -> None:
+    # WAL lets the dashboard and other workers read while one writes; the mode is stored in the file.
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        con.execute("PRAGMA journal_mode=WAL")
+    finally:
+        con.close()
+
+
+def open_storage(url: Optional[str]):
+    """An optuna storage for ``url``: ``None``/``"memory"`` → in-memory (no resume), else an
+    ``RDBStorage``. Creation is retried: several workers may create the tables at the same moment."""
+    if url is None or url == MEMORY:
+        return optuna.storages.InMemoryStorage()
+    url = normalize_url(url)
+    u = make_url(url)
+    kwargs: dict = {}
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            retry_locked(_sqlite_wal, u.database)
+        kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_MS / 1000}
+    else:
+        kwargs["pool_pre_ping"] = True
+    last: Optional[BaseException] = None
+    for i in range(8):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except (OperationalError, IntegrityError) as e:  # table/version rows created concurrently
+            last = e
+            time.sleep(0.1 * (i + 1))
+    raise RuntimeError(f"cannot open optuna storage {url}: {last}")
+
+
+def open_study(storage, key_id: str, signature: str, sampler, label: str, fresh: bool = False) -> optuna.Study:
+    """Load or create the key's study. ``fresh`` (``--force``) or a changed signature deletes the stored
+    trials first. Trials left RUNNING by an interrupted or killed run are marked FAIL: the caller holds
+    the key's claim, so nobody else is running them."""
+    def create() -> optuna.Study:
+        return optuna.create_study(storage=storage, study_name=key_id, direction="minimize", sampler=sampler,
+                                   load_if_exists=True)
+
+    study = retry_locked(create)
+    old = study.user_attrs.get("signature")
+    has_trials = bool(study.get_trials(deepcopy=False))
+    if fresh or (old is not None and old != signature) or (old is None and has_trials):
+        retry_locked(optuna.delete_study, study_name=key_id, storage=storage)
+        study = retry_locked(create)
+    if study.user_attrs.get("signature") != signature:
+        retry_locked(study.set_user_attr, "signature", signature)
+        retry_locked(study.set_user_attr, "key", label)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        retry_locked(study.tell, t.number, state=TrialState.FAIL, skip_if_finished=True)
+    return study

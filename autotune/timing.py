@@ -1,0 +1,130 @@
+"""Timing one (variant, config) on a key's inputs: median milliseconds.
+
+GPU: ``triton.testing.do_bench`` (CUDA events, median, L2 flushed before every rep, gradients reset
+for forward+backward). CPU: ``time.perf_counter`` around each call, a few warm-up calls, median of
+repeated calls. Both run the call exactly as the runtime does (``variant.run``); the gate has already
+run it once, so compilation (Triton JIT) never lands in a measurement.
+
+Early stop: :meth:`Timer.cheap` is a quick first measurement; the sweep drops a config whose cheap time
+is already more than ``PRUNE_RATIO`` times the best full time of the key (recorded as ``pruned``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+
+from attntune.kernels.base import Config, Variant
+
+PRUNE_RATIO = 1.5
+# Larger than any GPU's L2 (H200: 60 MB; MI300X: 256 MB of Infinity Cache).
+L2_FLUSH_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """Budgets of one measurement. GPU values are do_bench's warmup/rep in milliseconds; CPU values are
+    warm-up calls, call counts and a target wall time."""
+
+    gpu_warmup_ms: float = 10.0
+    gpu_rep_ms: float = 60.0
+    gpu_cheap_reps: int = 3
+    cpu_warmup: int = 2
+    cpu_min_reps: int = 5
+    cpu_max_reps: int = 50
+    cpu_target_s: float = 0.15
+    cpu_cheap_reps: int = 3
+
+    @classmethod
+    def quick(cls) -> "TimingOptions":
+        """Few repetitions: smoke tests and CI, where ranking precision does not matter."""
+        return cls(gpu_warmup_ms=2.0, gpu_rep_ms=10.0, gpu_cheap_reps=2, cpu_warmup=1, cpu_min_reps=3,
+                   cpu_max_reps=10, cpu_target_s=0.02, cpu_cheap_reps=2)
+
+
+def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Callable[[], None], list]:
+    """The function to time and the tensors whose ``.grad`` do_bench resets between reps.
+
+    Forward: ``variant.run`` under no_grad. Forward+backward: run, then ``backward`` with the key's fixed
+    ``dout`` [B, Hq, Sq, Dv] (the gradient of a typical loss; its values do not change the cost)."""
+    p = inp.problem
+    kv_lens = inp.kv_lens if p.kv_lens else None
+    q, k, v = inp.leaves()
+    if not grads:
+        def fwd() -> None:
+            with torch.no_grad():
+                variant.run(q, k, v, p, config, kv_lens)
+        return fwd, []
+    dout = inp.dout
+
+    def fwd_bwd() -> None:
+        for t in (q, k, v):
+            t.grad = None
+        variant.run(q, k, v, p, config, kv_lens).backward(dout)
+    return fwd_bwd, [q, k, v]
+
+
+class Timer:
+    """Measures calls on one device. Created once per key by the sweep."""
+
+    def __init__(self, device: torch.device, options: Optional[TimingOptions] = None):
+        self.device = device
+        self.opt = options or TimingOptions()
+
+    def cheap(self, fn: Callable[[], None], grad_to_none: list) -> float:
+        """A quick estimate (ms) for early stopping: a handful of calls (the gate already warmed the call
+        up). Not do_bench: its runtime estimate alone costs 6 calls, seconds for a slow eager variant."""
+        if self.device.type == "cuda":
+            return self._gpu_events(fn, grad_to_none, reps=self.opt.gpu_cheap_reps)
+        return self._cpu(fn, warmup=1, min_reps=self.opt.cpu_cheap_reps, max_reps=self.opt.cpu_cheap_reps,
+                         target_s=0.0)
+
+    def full(self, fn: Callable[[], None], grad_to_none: list) -> float:
+        """The recorded measurement (ms): median over many calls."""
+        if self.device.type == "cuda":
+            return self._gpu(fn, grad_to_none, warmup=self.opt.gpu_warmup_ms, rep=self.opt.gpu_rep_ms)
+        o = self.opt
+        return self._cpu(fn, warmup=o.cpu_warmup, min_reps=o.cpu_min_reps, max_reps=o.cpu_max_reps,
+                         target_s=o.cpu_target_s)
+
+    def _gpu(self, fn, grad_to_none, warmup: float, rep: float) -> float:
+        from triton.testing import do_bench  # GPU path only: keep triton out of CPU-only imports
+
+        # Finish whatever the gate or the previous trial left queued, so it is not billed to this one.
+        torch.cuda.synchronize(self.device)
+        with torch.cuda.device(self.device):
+            ms = do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none or None, return_mode="median")
+        return float(ms)
+
+    def _gpu_events(self, fn, grad_to_none, reps: int) -> float:
+        torch.cuda.synchronize(self.device)
+        with torch.cuda.device(self.device):
+            # L2 is flushed before each call (as do_bench does) so the estimate is not optimistic.
+            flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=self.device)
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            for i in range(reps):
+                for t in grad_to_none:
+                    t.grad = None
+                flush.zero_()
+                starts[i].record()
+                fn()
+                ends[i].record()
+            torch.cuda.synchronize(self.device)
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+    @staticmethod
+    def _cpu(fn, warmup: int, min_reps: int, max_reps: int, target_s: float) -> float:
+        for _ in range(warmup):
+            fn()
+        times: List[float] = []
+        deadline = time.perf_counter() + target_s
+        while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < deadline):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)

@@ -1,0 +1,502 @@
+"""The autotuner on the CPU: suites → gate → timing → optuna → cache, resume, workers, CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from datetime import timedelta
+
+import optuna
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from attntune.autotune import gate
+from attntune.autotune import claims
+from attntune.autotune.runner import run_tuning, run_worker, tune, tune_one
+from attntune.autotune.shapes import ShapeSpecError, parse_shape
+from attntune.autotune.space import config_id
+from attntune.autotune.study import default_storage_url
+from attntune.autotune.sweep import SweepOptions
+from attntune.autotune.suites import SUITES, materialize
+from attntune.autotune.timing import TimingOptions
+from attntune.cache import CacheStore, judge, utcnow
+from attntune.cache.models import record_to_row
+from attntune.cli import app
+from attntune.device import DeviceFingerprint, SoftwareFingerprint, device_fingerprint
+from attntune.kernels import registry
+from attntune.kernels.base import Param, Space, Variant
+from attntune.kernels.reference import masked_softmax_attention
+from attntune.key import TuneKey
+from attntune.problem import AttentionProblem
+
+BUILTIN = "eager,sdpa_default,sdpa_flash,sdpa_math"
+QUICK = TimingOptions.quick()
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _builtin_candidates(monkeypatch):
+    # Only the CPU torch variants (plus a test's own): variants other modules add (Triton under the
+    # interpreter) would make these tests slow and their outcomes depend on unrelated code.
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", BUILTIN)
+
+
+def allow(monkeypatch, *names):
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", ",".join([BUILTIN, *names]))
+
+
+def prob(b=2, hq=4, hkv=4, sq=64, skv=64, d=32, **kw) -> AttentionProblem:
+    return AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_kv=skv, head_dim=d,
+                            head_dim_v=d, dtype="float32", device_type="cpu", **kw)
+
+
+def key_of(p: AttentionProblem) -> TuneKey:
+    return TuneKey.from_problem(p, device_fingerprint("cpu"))
+
+
+def sdpa_exact(q, k, v, problem, kv_lens=None):
+    return masked_softmax_attention(q, k, v, problem, kv_lens).to(q.dtype)
+
+
+class _TestVariant(Variant):
+    family = "test"
+
+    def supports(self, problem):
+        return []
+
+
+class Throws(_TestVariant):
+    name = "t_throws"
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        raise RuntimeError("boom from the kernel")
+
+
+class Wrong(_TestVariant):
+    name = "t_wrong"
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        return sdpa_exact(q, k, v, problem, kv_lens) * 1.05
+
+
+class Slow(_TestVariant):
+    name = "t_slow"
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        time.sleep(0.05)
+        return sdpa_exact(q, k, v, problem, kv_lens)
+
+
+class Unwritten(_TestVariant):
+    """Takes ``out=`` and forgets to write the last query row."""
+
+    name = "t_unwritten"
+
+    def run(self, q, k, v, problem, config, kv_lens=None, out=None):
+        res = sdpa_exact(q, k, v, problem, kv_lens)
+        out[:, :, :-1] = res[:, :, :-1]
+        return out
+
+
+class BadSpace(_TestVariant):
+    name = "t_bad_space"
+
+    def space(self, problem):
+        raise ValueError("no space for you")
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        raise AssertionError("never run: its space() fails")
+
+
+class IgnoresLens(_TestVariant):
+    """Attends over the whole KV tensor: the padding leaks."""
+
+    name = "t_ignores_lens"
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        return sdpa_exact(q, k, v, problem, None)
+
+
+class _DoubleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g
+
+
+class WrongGrad(_TestVariant):
+    name = "t_wrong_grad"
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        return _DoubleGrad.apply(sdpa_exact(q, k, v, problem, kv_lens))
+
+
+class Approx(_TestVariant):
+    name = "t_approx"
+    exact = False
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        return sdpa_exact(q, k, v, problem, kv_lens) * 1.02
+
+
+class Tunable(_TestVariant):
+    """A variant with a conditional space: 4*4*4 = 64 raw configs, those with a*b > 8 invalid."""
+
+    name = "t_tunable"
+    calls: Counter = Counter()
+
+    def space(self, problem):
+        return Space(params=(Param("a", (1, 2, 4, 8)), Param("b", (1, 2, 4, 8)), Param("c", (0, 1, 2, 3))),
+                     constraint=lambda cfg: [f"a*b={cfg['a'] * cfg['b']} > 8"] if cfg["a"] * cfg["b"] > 8 else [],
+                     default={"a": 2, "b": 2, "c": 0})
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        Tunable.calls[json.dumps(config, sort_keys=True)] += 1
+        return sdpa_exact(q, k, v, problem, kv_lens)
+
+
+class Interrupter(_TestVariant):
+    """Correct, but raises KeyboardInterrupt (as Ctrl-C would) on the ``at``-th key it sees when armed."""
+
+    name = "t_interrupter"
+    armed = False
+    at = 3
+    seen: list = []
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        if problem not in Interrupter.seen:
+            Interrupter.seen.append(problem)
+        if Interrupter.armed and len(Interrupter.seen) == Interrupter.at:
+            Interrupter.armed = False
+            raise KeyboardInterrupt
+        time.sleep(0.02)  # never the winner, so never a neighbour's warm start: it runs last in every key
+        return sdpa_exact(q, k, v, problem, kv_lens)
+
+
+@pytest.fixture
+def register():
+    added = []
+
+    def add(*variants):
+        for v in variants:
+            registry.register(v)
+            added.append(v.name)
+
+    yield add
+    for name in added:
+        registry.unregister(name)
+
+
+def trials_by_variant(store: CacheStore, key: TuneKey) -> dict:
+    return {t["variant"]: t for t in store.trials(key.key_id)}
+
+
+def measured_counts(storage_url: str, key: TuneKey) -> Counter:
+    """How many times each (variant, config) of the key was measured, from the optuna storage."""
+    study = optuna.load_study(study_name=key.key_id, storage=storage_url)
+    c: Counter = Counter()
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("measured"):
+            c[t.user_attrs["variant"] + t.user_attrs["config"]] += 1
+    return c
+
+
+# ---- a full tune through the CLI ------------------------------------------------------------------
+
+def test_cli_tune_suite_writes_valid_winners_that_show_lists(tmp_path):
+    cache = str(tmp_path / "c.db")
+    res = runner.invoke(app, ["tune", "--suite", "demo", "--cache", cache, "--device", "cpu", "--quick"])
+    assert res.exit_code == 0, res.output
+    n = len(SUITES["demo"].templates())
+    assert f"{n} keys tuned" in res.output
+    res = runner.invoke(app, ["show", "--json", "--cache", cache])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert len(rows) == n and all(r["status"] == "valid" for r in rows)
+    store = CacheStore(cache)
+    for raw in store.raw_winners():
+        rec = judge(raw, "user").record
+        assert rec.variant in BUILTIN.split(",")
+        assert rec.trials == 4 and rec.median_ms > 0 and rec.max_error < 1e-5
+        assert rec.sdpa_default_ms is not None and rec.runner_up is not None and rec.runner_up != rec.variant
+        p = rec.key.representative()
+        assert rec.tflops == pytest.approx(p.flops() / (rec.median_ms * 1e-3) / 1e12)
+        for t in store.trials(rec.key_id):  # the CPU torch variants are all correct: ok, or slower
+            assert t["status"] == "ok" or (t["status"] == "pruned" and t["reason"].startswith("early stop")), t
+    # the optuna studies sit next to the cache, one per key, openable as plain RDB storage
+    assert default_storage_url(cache).endswith("/optuna.db")
+    assert len(optuna.get_all_study_summaries(default_storage_url(cache))) == n
+    # a rerun keeps every finished key
+    res = runner.invoke(app, ["tune", "--suite", "demo", "--cache", cache, "--device", "cpu", "--quick"])
+    assert res.exit_code == 0 and f"0 keys tuned, {n} already valid" in res.output, res.output
+
+
+# ---- losing for the right reason ------------------------------------------------------------------
+
+def test_bad_variants_lose_for_the_recorded_reason(tmp_path, monkeypatch, register):
+    register(Throws(), Wrong(), Slow(), Unwritten(), BadSpace())
+    allow(monkeypatch, "t_throws", "t_wrong", "t_slow", "t_unwritten", "t_bad_space")
+    store = CacheStore(tmp_path / "c.db")
+    p = prob(causal=True)
+    [rec] = tune([p], cache=store, timing=QUICK)
+    assert rec.variant in BUILTIN.split(",")
+    t = trials_by_variant(store, key_of(p))
+    assert t["t_throws"]["status"] == "failed" and "boom from the kernel" in t["t_throws"]["reason"]
+    assert t["t_wrong"]["status"] == "wrong" and "outside atol" in t["t_wrong"]["reason"]
+    assert t["t_unwritten"]["status"] == "wrong" and "NaN" in t["t_unwritten"]["reason"]
+    assert t["t_slow"]["status"] == "pruned" and "early stop" in t["t_slow"]["reason"]
+    assert t["t_slow"]["median_ms"] >= 50  # the cheap measurement that pruned it
+    assert t["t_bad_space"]["status"] == "failed" and "no space for you" in t["t_bad_space"]["reason"]
+    assert rec.trials == 8  # 4 builtin + 4 test variants, each measured once
+
+
+def test_gate_catches_leaking_padding_and_wrong_gradients(tmp_path, monkeypatch, register):
+    register(IgnoresLens(), WrongGrad())
+    allow(monkeypatch, "t_ignores_lens", "t_wrong_grad")
+    store = CacheStore(tmp_path / "c.db")
+    decode = prob(b=4, hq=4, hkv=2, sq=1, skv=64, kv_lens=True)
+    train = prob(sq=32, skv=32, causal=True, mode="fwd_bwd")
+    recs = tune([decode, train], cache=store, timing=QUICK)
+    assert len(recs) == 2
+    t = trials_by_variant(store, key_of(decode))
+    assert t["t_ignores_lens"]["status"] == "wrong", t["t_ignores_lens"]
+    assert t["t_wrong_grad"]["status"] in ("ok", "pruned")  # forward-only key: its forward passes the gate
+    t = trials_by_variant(store, key_of(train))
+    assert t["t_wrong_grad"]["status"] == "wrong" and "dq:" in t["t_wrong_grad"]["reason"]
+    assert "dv:" in t["t_wrong_grad"]["reason"]
+
+
+def test_approximate_variants_only_when_allowed_and_record_their_error(tmp_path, monkeypatch, register):
+    register(Approx())
+    allow(monkeypatch, "t_approx")
+    store = CacheStore(tmp_path / "c.db")
+    exact_p, approx_p = prob(), prob(approx=True)
+    tune([exact_p, approx_p], cache=store, timing=QUICK)
+    assert "t_approx" not in trials_by_variant(store, key_of(exact_p))
+    t = trials_by_variant(store, key_of(approx_p))["t_approx"]
+    assert t["status"] in ("ok", "pruned")  # passed the gate (then maybe slower than the rest)
+    rel = float(re.search(r"approximate: relative error (\S+)", t["reason"]).group(1))
+    assert rel == pytest.approx(0.02, rel=1e-3)
+
+
+def test_large_space_uses_tpe_prunes_invalid_configs_and_never_measures_twice(tmp_path, monkeypatch, register):
+    register(Tunable())
+    Tunable.calls.clear()
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "sdpa_default,t_tunable")
+    store = CacheStore(tmp_path / "c.db")
+    p = prob()
+    [rec] = tune([p], cache=store, trials=10, timing=QUICK)
+    assert rec.trials == 10
+    rows = store.trials(key_of(p).key_id)
+    measured = [r for r in rows if r["status"] != "pruned" or (r["reason"] or "").startswith("early stop")]
+    assert len(measured) == 10
+    ids = [config_id(r["variant"], json.loads(r["config_json"])) for r in measured]
+    assert len(set(ids)) == len(ids)
+    for r in rows:
+        cfg = json.loads(r["config_json"])
+        if r["variant"] == "t_tunable" and cfg["a"] * cfg["b"] > 8:
+            assert r["status"] == "pruned" and r["reason"].startswith("invalid config"), r
+    # the gate runs each measured config once and timing a few times; invalid configs never run
+    assert all(json.loads(c)["a"] * json.loads(c)["b"] <= 8 for c in Tunable.calls)
+    assert {"a": 2, "b": 2, "c": 0} in [json.loads(r["config_json"]) for r in measured]  # the default first
+
+
+# ---- resume -----------------------------------------------------------------------------------------
+
+def test_interrupt_then_resume_tunes_each_key_once(tmp_path, monkeypatch, register):
+    register(Interrupter())
+    allow(monkeypatch, "t_interrupter")
+    cache = str(tmp_path / "c.db")
+    storage = default_storage_url(cache)
+    problems = [prob(sq=s, skv=s) for s in (16, 32, 48, 64)]
+    keys = [key_of(p) for p in problems]
+    Interrupter.seen, Interrupter.armed, Interrupter.at = [], True, 3
+    res = runner.invoke(app, ["tune", "--cache", cache, "--device", "cpu", "--quick",
+                              *sum((["--shape", f"b=2,hq=4,sq={s},d=32"] for s in (16, 32, 48, 64)), [])])
+    assert res.exit_code == 130, res.output
+    assert "interrupted" in res.output
+    store = CacheStore(cache)
+    first = {r["key_id"]: r["created_at"] for r in store.raw_winners()}
+    assert set(first) == {keys[0].key_id, keys[1].key_id}
+    # the interrupted key kept the trials measured before the interrupt, and holds no claim any more
+    assert sum(measured_counts(storage, keys[2]).values()) == 4
+    assert claims.claim_state(store, keys[2].key_id) is None
+
+    results = run_tuning(problems, cache=cache, timing=QUICK)
+    assert [r.status for r in results] == ["skipped", "skipped", "tuned", "tuned"]
+    rows = {r["key_id"]: r for r in store.raw_winners()}
+    assert len(rows) == 4
+    assert all(rows[k]["created_at"] == first[k] for k in first)  # finished keys untouched
+    for k in keys:
+        counts = measured_counts(storage, k)
+        assert len(counts) == 5 and set(counts.values()) == {1}, counts  # every config measured exactly once
+    assert results[2].record.trials == 5
+
+
+def test_time_limit_leaves_the_key_in_progress_to_the_next_run(tmp_path, monkeypatch, register):
+    register(Slow())
+    allow(monkeypatch, "t_slow")
+    cache = str(tmp_path / "c.db")
+    problems = [prob(sq=s, skv=s) for s in (16, 32, 48)]
+    results = run_tuning(problems, cache=cache, timing=QUICK, time_limit=0.5)
+    assert "unfinished" in [r.status for r in results]
+    results = run_tuning(problems, cache=cache, timing=QUICK)
+    assert all(r.status in ("tuned", "skipped") for r in results)
+    storage = default_storage_url(cache)
+    for p in problems:
+        counts = measured_counts(storage, key_of(p))
+        assert len(counts) == 5 and set(counts.values()) == {1}, counts
+
+
+def test_force_and_stale_rows_are_retuned(tmp_path):
+    store = CacheStore(tmp_path / "c.db")
+    p = prob()
+    [rec] = tune([p], cache=store, timing=QUICK)
+    # a stale row (measured under another torch) that claims to be much faster is still replaced
+    stale = rec.model_copy(update={"median_ms": 1e-6, "fingerprint": SoftwareFingerprint(torch="1.0.0")})
+    assert store.upsert_winner(stale, force=True)
+    assert judge(store.raw_winner(rec.key_id), "user").status == "stale"
+    [new] = tune([p], cache=store, timing=QUICK)
+    assert judge(store.raw_winner(rec.key_id), "user").status == "valid"
+    assert new.median_ms > 1e-6 and new.created_at > rec.created_at
+    # --force re-measures a valid key from scratch
+    [forced] = tune([p], cache=store, timing=QUICK, force=True)
+    assert forced.created_at > new.created_at
+    assert json.loads(store.raw_winner(rec.key_id)["fingerprint_json"])["torch"] == torch.__version__.split("+")[0]
+
+
+# ---- workers and claims -----------------------------------------------------------------------------
+
+def test_two_worker_processes_on_one_sqlite_cache_lose_nothing(tmp_path):
+    cache = str(tmp_path / "c.db")
+    problems = [prob(b=b, sq=s, skv=s) for b in (1, 2) for s in (16, 32, 64, 96)]
+    events = []
+    results = run_tuning(problems, cache=cache, timing=QUICK, workers=2, on_event=events.append)
+    assert [r.status for r in results].count("tuned") == len(problems)
+    store = CacheStore(cache)
+    assert store.count() == len(problems)
+    storage = default_storage_url(cache)
+    for p in problems:
+        counts = measured_counts(storage, key_of(p))
+        assert len(counts) == 4 and set(counts.values()) == {1}, counts
+    with store.session() as s:
+        from attntune.cache.schema import Claim
+        claims = s.query(Claim).all()
+    assert len(claims) == len(problems) and all(c.done == 1 for c in claims)
+    started = Counter(ev["key_id"] for ev in events if ev["type"] == "key_start")
+    assert set(started.values()) == {1} and len(started) == len(problems)  # each key started once, fleet-wide
+    assert not [ev for ev in events if ev["type"] == "worker_errors"]
+
+
+def test_claims_are_respected_and_expired_claims_taken_over(tmp_path):
+    store = CacheStore(tmp_path / "c.db")
+    busy, dead = prob(sq=16, skv=16), prob(sq=32, skv=32)
+    assert store.claim(key_of(busy).key_id, "other-host:1:0", 600)   # a live worker
+    assert store.claim(key_of(dead).key_id, "other-host:2:0", 0.01)  # a worker that died
+    time.sleep(0.05)
+    res = run_worker([busy, dead], cache=store, storage="memory", options=SweepOptions(timing=QUICK),
+                     run_start=utcnow(), wait_for_others=False)
+    st = {r.key_id: r.status for r in res}
+    assert st[key_of(busy).key_id] == "unfinished"
+    assert st[key_of(dead).key_id] == "tuned"
+    assert store.raw_winner(key_of(busy).key_id) is None
+    # a done claim from an earlier run does not block a new run
+    store.upsert_winner(judge(store.raw_winner(key_of(dead).key_id), "u").record.model_copy(
+        update={"fingerprint": SoftwareFingerprint(torch="1.0.0")}), force=True)
+    res = run_worker([dead], cache=store, storage="memory", options=SweepOptions(timing=QUICK),
+                     run_start=utcnow() + timedelta(seconds=200), wait_for_others=False)
+    assert res[0].status == "tuned"
+
+
+# ---- CLI details ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec, field", [
+    ("hq=4,sq=x,d=8", "field sq"),
+    ("hq=32,hkv=5,sq=4,d=8", "field hkv"),
+    ("hq=4,sq=4", "field d"),
+    ("hq=4,sq=4,d=8,bogus=1", "unknown field 'bogus'"),
+    ("hq=4,sq=4,d=8,window=3", "field window"),
+    ("hq=4,sq=4,d=8,causal=maybe", "field causal"),
+    ("hq=4,sq=4,d=8,dtype=int8", "field dtype"),
+    ("hq=4,sq=4,d=0", "field d"),
+])
+def test_shape_spec_errors_name_the_field(spec, field):
+    with pytest.raises(ShapeSpecError, match=field):
+        parse_shape(spec, device_type="cpu", dtype="float32")
+    res = runner.invoke(app, ["tune", "--device", "cpu", "--shape", spec])
+    assert res.exit_code == 2
+    assert field.split("'")[0].strip() in " ".join(res.output.split())
+
+
+def test_shape_spec_parses_every_field():
+    p = parse_shape("b=4,hq=32,hkv=8,sq=2048,skv=4096,d=128,dv=64,causal=1,align=tl,window=256:0,kv_lens=1,"
+                    "dtype=bfloat16,mode=fwd_bwd,approx=1", device_type="cpu", dtype="float32")
+    assert (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_kv, p.head_dim, p.head_dim_v) == (
+        4, 32, 8, 2048, 4096, 128, 64)
+    assert p.causal and p.causal_align == "top_left" and p.window == (256, 0) and p.kv_lens
+    assert p.dtype == "bfloat16" and p.mode == "fwd_bwd" and p.approx
+    q = parse_shape("hq=8,sq=100,d=64", device_type="cpu", dtype="float16", mode="fwd_bwd")
+    assert (q.batch, q.heads_kv, q.seqlen_kv, q.head_dim_v, q.dtype, q.mode) == (1, 8, 100, 64, "float16", "fwd_bwd")
+
+
+def test_from_misses_tunes_this_devices_misses_and_clears_them(tmp_path):
+    cache = str(tmp_path / "c.db")
+    store = CacheStore(cache)
+    mine = [prob(sq=16, skv=16), prob(b=3, sq=20, skv=20, causal=True)]  # 20 is bucketed to 24
+    for p in mine:
+        store.record_miss(key_of(p), count=3)
+    other_dev = DeviceFingerprint(backend="cuda", arch="sm_90", name="NVIDIA H200", units=132)
+    foreign = TuneKey.from_problem(prob().model_copy(update={"device_type": "cuda"}), other_dev)
+    store.record_miss(foreign)
+    res = runner.invoke(app, ["tune", "--from-misses", "--cache", cache, "--device", "cpu", "--quick"])
+    assert res.exit_code == 0, res.output
+    assert {r["key_id"] for r in store.raw_winners()} == {key_of(p).key_id for p in mine}
+    assert [m["key_id"] for m in store.misses()] == [foreign.key_id]
+    res = runner.invoke(app, ["tune", "--from-misses", "--cache", cache, "--device", "cpu"])
+    assert res.exit_code == 0 and "No misses recorded for this device" in res.output
+
+
+def test_tune_one_for_the_online_policy(tmp_path):
+    store = CacheStore(tmp_path / "c.db")
+    p = prob(sq=40, skv=40)
+    rec = tune_one(p, store, trials=3, time_limit=30)
+    assert rec is not None and rec.key == key_of(p) and rec.trials == 3
+    assert judge(record_to_row(rec), "x").status == "valid"
+    assert judge(store.raw_winner(rec.key_id), "user").record == rec
+    assert tune_one(p, store, trials=3, time_limit=30) == rec  # already tuned: returned, not re-measured
+
+
+def test_suites_materialize_with_dtype_and_mode():
+    for name, s in SUITES.items():
+        ps = materialize(s.templates(), "cuda")
+        assert ps and all(p.dtype == "bfloat16" and p.device_type == "cuda" for p in ps), name
+        fp = DeviceFingerprint(backend="cuda", arch="sm_90", name="x", units=1)
+        for p in ps:  # suite sizes are bucket values: the tuner measures exactly the listed problem
+            assert TuneKey.from_problem(p, fp).representative() == p, (name, p.short())
+    assert 25 <= len(SUITES["default"].templates()) <= 35
+    assert {p.mode for p in SUITES["training"].templates()} == {"fwd_bwd"}
+    assert {p.mode for p in SUITES["seed"].templates()} == {"fwd", "fwd_bwd"}
+    demo = materialize(SUITES["demo"].templates(), "cpu", dtype="float64", mode="fwd_bwd")
+    assert all(p.dtype == "float64" and p.mode == "fwd_bwd" for p in demo)
+    res = runner.invoke(app, ["suites", "--json"])
+    assert json.loads(res.output)["default"]["problems"] == len(SUITES["default"].templates())
+
+
+def test_gate_reference_is_chunked_without_changing_the_result(monkeypatch):
+    p = prob(b=3, hq=8, hkv=2, sq=24, skv=40, causal=True, kv_lens=True, mode="fwd_bwd")
+    whole = gate.prepare(p, torch.device("cpu"), seed=1)
+    monkeypatch.setitem(gate.REF_CHUNK_BYTES, "cpu", 1)  # one batch element and kv head per chunk
+    parts = gate.prepare(p, torch.device("cpu"), seed=1)
+    assert torch.equal(whole.q, parts.q) and torch.equal(whole.kv_lens, parts.kv_lens)
+    torch.testing.assert_close(parts.ref_out, whole.ref_out, rtol=0, atol=1e-12)
+    for a, b in zip(parts.ref_grads, whole.ref_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert int(whole.kv_lens[0]) == p.seqlen_kv and whole.kv_lens.min() >= 1
+    assert bool((whole.q != 0).all() and (whole.v != 0).all())  # random, never zeros
