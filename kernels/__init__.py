@@ -17,6 +17,8 @@ from attntune.kernels.reference import reference_attention
 VARIANT_MODULES = (
     "attntune.kernels.eager",
     "attntune.kernels.sdpa",
+    "attntune.kernels.triton_flash_variant",
+    "attntune.kernels.triton_local_variant",
 )
 
 UNAVAILABLE: Dict[str, str] = {}

@@ -1,0 +1,182 @@
+"""Flash-attention forward: ``@triton.jit`` code only (host side: :mod:`.launch`).
+
+One program computes one block of ``BLOCK_M`` query rows of one (batch, query head):
+
+    O[b, h, m0:m0+BM, :]  = softmax(Q K^T * scale + mask) V          [BM, D]
+    LSE[b, h, m0:m0+BM]   = logsumexp(Q K^T * scale + mask)  (natural log, fp32; -inf for empty rows)
+
+Mask (see :mod:`attntune.problem`): row ``i`` admits column ``j`` iff ``j < Skv`` and, when the side
+is bounded, ``i + off - left <= j <= i + off + right`` (causal is folded into ``right <= 0`` by the
+launcher). The key axis of a query block is split into at most three ranges of whole key blocks:
+
+    [lo, b)  masked   (blocks cut by the left edge of the window)
+    [b, c)   unmasked (every row admits every column: no mask arithmetic, no bounds checks)
+    [c, hi)  masked   (blocks cut by the right edge / the diagonal / the end of the sequence)
+
+and only blocks inside [lo, hi) are visited at all, so a window of width W costs O(S*W) (block
+skipping). Softmax runs in base 2 with ``qk_scale = scale * log2(e)`` folded into one FMA.
+"""
+
+import triton
+import triton.language as tl
+
+# globals read inside @triton.jit code must be constexpr
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
+
+
+@triton.jit
+def kv_block_range(m0, seqlen_kv, diag_off, win_left, win_right,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Key ranges for query rows [m0, m0+BLOCK_M): returns (lo, b, c, hi) with lo <= b <= c, all but hi
+    multiples of BLOCK_N; [lo, b) and [c, hi) need masking, [b, c) is fully admitted and in bounds.
+    Every operand of ``//`` is clamped to >= 0 first: compiled Triton truncates, the interpreter floors."""
+    if HAS_LEFT:
+        lo = tl.maximum(m0 + diag_off - win_left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        # first column that the *last* row of the block admits on the left -> all rows admit it
+        full_lo = tl.maximum(m0 + BLOCK_M - 1 + diag_off - win_left, 0)
+        full_lo = tl.cdiv(full_lo, BLOCK_N) * BLOCK_N
+    else:
+        lo = 0
+        full_lo = 0
+    if HAS_RIGHT:
+        hi = tl.minimum(m0 + BLOCK_M + diag_off + win_right, seqlen_kv)
+        hi = tl.maximum(hi, 0)
+        # columns < full_hi are admitted on the right by the *first* row of the block -> by all rows
+        full_hi = tl.minimum(m0 + diag_off + win_right + 1, seqlen_kv)
+        full_hi = (tl.maximum(full_hi, 0) // BLOCK_N) * BLOCK_N
+    else:
+        hi = seqlen_kv
+        full_hi = (seqlen_kv // BLOCK_N) * BLOCK_N
+    hi_up = tl.cdiv(hi, BLOCK_N) * BLOCK_N
+    b = tl.minimum(tl.maximum(full_lo, lo), hi_up)
+    c = tl.maximum(b, full_hi)
+    return lo, b, c, hi
+
+
+@triton.jit
+def load_tile(ptrs, row_ok, d_ok, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """Load a tile, masking the sequence axis only when ROW_MASK and the head axis only when D is padded."""
+    if ROW_MASK:
+        if EVEN_D:
+            t = tl.load(ptrs, mask=row_ok, other=0.0)
+        else:
+            t = tl.load(ptrs, mask=row_ok & d_ok, other=0.0)
+    else:
+        if EVEN_D:
+            t = tl.load(ptrs)
+        else:
+            t = tl.load(ptrs, mask=d_ok, other=0.0)
+    return t
+
+
+@triton.jit
+def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                 offs_m, offs_d, d_ok, start, end, seqlen_kv, diag_off, win_left, win_right, qk_scale,
+                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+                 HAS_RIGHT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Online softmax over key blocks [start, end) (step BLOCK_N). acc [BM, BD] fp32, l_i/m_i [BM] fp32
+    (m_i in log2 units, already scaled)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < seqlen_kv
+        # K^T tile [BD, BN] and V tile [BN, BD]
+        kt = load_tile(k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                       col_ok[None, :], d_ok[:, None], MASKED, EVEN_D)
+        qk = tl.dot(q, kt, input_precision=DOT_PREC)  # [BM, BN] fp32
+        if MASKED:
+            ok = col_ok[None, :]
+            diag = offs_m + diag_off
+            if HAS_RIGHT:
+                ok = ok & (cols[None, :] <= (diag + win_right)[:, None])
+            if HAS_LEFT:
+                ok = ok & (cols[None, :] >= (diag - win_left)[:, None])
+            qk = tl.where(ok, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            # a row with nothing admitted so far keeps m = -inf; subtract 0 instead so that
+            # exp2(-inf - (-inf)) = NaN never happens (p and alpha then come out as exact zeros)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_sub = m_new
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                      col_ok[:, None], d_ok[None, :], MASKED, EVEN_D)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def flash_fwd_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    seqlen_q, seqlen_kv, head_dim, heads_q, group,
+    diag_off, win_left, win_right, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Grid: 1-D, cdiv(Sq, BLOCK_M) * B * Hq programs (1-D so that B*Hq may exceed 65535).
+    Q [B,Hq,Sq,D], K/V [B,Hkv,Skv,D], O [B,Hq,Sq,D] with any strides; LSE [B,Hq,Sq] contiguous fp32."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(seqlen_q, BLOCK_M)
+    bh = pid // num_m
+    # last query blocks first: under a causal mask they are the longest, so the tail of the grid is short
+    start_m = (num_m - 1 - pid % num_m) * BLOCK_M
+    off_b = bh // heads_q
+    off_h = bh % heads_q
+    off_hk = off_h // group  # GQA: query head h reads kv head h // group; K/V are never repeated
+
+    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
+    o_base = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    row_ok = offs_m < seqlen_q
+
+    q = load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                  row_ok[:, None], d_ok[None, :], True, EVEN_D)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    lo, b, c, hi = kv_block_range(start_m, seqlen_kv, diag_off, win_left, win_right,
+                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    if HAS_LEFT:
+        acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                     stride_vd, offs_m, offs_d, d_ok, lo, b, seqlen_kv, diag_off,
+                                     win_left, win_right, qk_scale, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+                                     EVEN_D, DOT_PREC)
+    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                 stride_vd, offs_m, offs_d, d_ok, b, c, seqlen_kv, diag_off,
+                                 win_left, win_right, qk_scale, BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
+                                 EVEN_D, DOT_PREC)
+    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                 stride_vd, offs_m, offs_d, d_ok, c, hi, seqlen_kv, diag_off,
+                                 win_left, win_right, qk_scale, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+                                 EVEN_D, DOT_PREC)
+
+    # rows that admitted no key: l = 0 -> output 0 and LSE -inf (FlashAttention's convention), no NaN
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    tl.store(LSE + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
+    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    if EVEN_D:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

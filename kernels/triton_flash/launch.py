@@ -1,0 +1,164 @@
+"""Host launchers of the flash-attention kernels: input checks, allocation, grid, launch.
+
+Every tensor goes in with its own four strides, so transposed / sliced / expanded (stride-0) inputs
+work without copies. Shapes (``Hq % Hkv == 0``):
+
+    q [B, Hq, Sq, D]   k [B, Hkv, Skv, D]   v [B, Hkv, Skv, D]   ->   o [B, Hq, Sq, D], lse [B, Hq, Sq] fp32
+
+Launch configs are plain dicts: forward ``BLOCK_M, BLOCK_N, num_warps, num_stages``; backward
+``BWD_BLOCK_M`` (rows streamed by the dK/dV kernel, keys streamed by the dQ kernel), ``BWD_BLOCK_N``
+(keys resident in the dK/dV kernel, rows resident in the dQ kernel), ``BWD_WARPS, BWD_STAGES``; on ROCm
+optionally ``waves_per_eu`` and ``matrix_instr_nonkdim`` (passed through to Triton's HIP backend).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+import triton
+
+from attntune.kernels.triton_flash import jit_bwd, jit_fwd
+from attntune.kernels.triton_flash.space import block_d
+from attntune.tolerances import tf32_allowed
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+_HIP_KEYS = ("waves_per_eu", "matrix_instr_nonkdim")
+
+# Output allocation goes through these two names so that tests can poison every buffer the kernels
+# must fully overwrite (an element left unwritten then shows up as NaN).
+_empty_like = torch.empty_like
+_empty = torch.empty
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of every tl.dot: TF32 for fp32 inputs only when torch's float32 matmul
+    precision is not "highest" (DESIGN: fp32 stays exact otherwise). For fp16/bf16 operands the value
+    does not change the arithmetic; "tf32" is the NVIDIA default. ROCm: "ieee" (its default; TF32 is
+    not offered on every gfx arch)."""
+    if torch.version.hip:
+        return "ieee"
+    if dtype == torch.float32 and not tf32_allowed():
+        return "ieee"
+    return "tf32"
+
+
+@dataclass(frozen=True)
+class MaskArgs:
+    """The mask as the kernels take it: ``diag_off`` = off; ``win_left``/``win_right`` only read when
+    ``has_left``/``has_right`` (causal folded into ``win_right <= 0``)."""
+
+    diag_off: int
+    win_left: int
+    win_right: int
+    has_left: bool
+    has_right: bool
+
+
+def mask_args(seqlen_q: int, seqlen_kv: int, causal: bool, causal_align: str,
+              window: Optional[Tuple[int, int]]) -> MaskArgs:
+    if causal_align not in ("bottom_right", "top_left"):
+        raise ValueError(f"causal_align: expected 'bottom_right' or 'top_left', got {causal_align!r}")
+    off = seqlen_kv - seqlen_q if causal_align == "bottom_right" else 0
+    left, right = -1, -1
+    if window is not None:
+        left, right = int(window[0]), int(window[1])
+        if left < -1 or right < -1:
+            raise ValueError(f"window: sides must be >= 0 or -1 (unbounded), got {window}")
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return MaskArgs(off, max(left, 0), max(right, 0), left >= 0, right >= 0)
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected [B, H, S, D], got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{name}: dtype {t.dtype} not supported (float16, bfloat16, float32)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"k/v: dtype must match q ({q.dtype}), got {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"k/v: device must match q ({q.device})")
+    B, Hq, _, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError("k/v: batch must match q")
+    if k.shape[3] != D or v.shape[3] != D:
+        raise ValueError(f"k/v: head_dim must equal q's ({D}); head_dim_v != head_dim is not supported")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"q: head_dim {D} > {MAX_HEAD_DIM}")
+    if v.shape[1] != k.shape[1] or v.shape[2] != k.shape[2]:
+        raise ValueError("v: heads and seqlen must match k")
+    if k.shape[1] == 0 or Hq % k.shape[1]:
+        raise ValueError(f"k: heads_q ({Hq}) must be a multiple of heads_kv ({k.shape[1]})")
+
+
+def _launch_opts(config: Dict, warps_key: str, stages_key: str) -> Dict:
+    opts = {"num_warps": int(config[warps_key]), "num_stages": int(config[stages_key])}
+    for key in _HIP_KEYS:  # ROCm-only knobs (untested: no ROCm machine was available)
+        if key in config:
+            opts[key] = int(config[key])
+    return opts
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float,
+            config: Dict) -> Tuple[torch.Tensor, torch.Tensor]:
+    """o [B, Hq, Sq, D] (q's dtype, q's layout when dense), lse [B, Hq, Sq] fp32 (natural log)."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    o = _empty_like(q)  # keeps q's memory layout (e.g. [B, S, H, D] transposed views)
+    lse = _empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    if Sq == 0 or B * Hq == 0:
+        return o, lse
+    BM, BN, BD = int(config["BLOCK_M"]), int(config["BLOCK_N"]), block_d(D)
+    grid = (triton.cdiv(Sq, BM) * B * Hq,)
+    jit_fwd.flash_fwd_kernel[grid](
+        q, k, v, o, lse,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        Sq, Skv, D, Hq, Hq // Hkv,
+        mask.diag_off, mask.win_left, mask.win_right, sm_scale * math.log2(math.e),
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, HAS_LEFT=mask.has_left, HAS_RIGHT=mask.has_right,
+        EVEN_D=(BD == D), DOT_PREC=dot_precision(q.dtype),
+        **_launch_opts(config, "num_warps", "num_stages"),
+    )
+    return o, lse
+
+
+def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+             lse: torch.Tensor, mask: MaskArgs, sm_scale: float,
+             config: Dict) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq [B, Hq, Sq, D], dk/dv [B, Hkv, Skv, D] in the inputs' dtype (fp32 accumulation)."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
+    if Sq == 0 or Skv == 0 or B * Hq == 0:  # nothing attended: every gradient is zero
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    BD = block_d(D)
+    BM, BN = int(config["BWD_BLOCK_M"]), int(config["BWD_BLOCK_N"])
+    common = dict(HAS_LEFT=mask.has_left, HAS_RIGHT=mask.has_right, EVEN_D=(BD == D),
+                  DOT_PREC=dot_precision(q.dtype))
+    opts = _launch_opts(config, "BWD_WARPS", "BWD_STAGES")
+
+    delta = _empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    pre_bm = 64
+    jit_bwd.bwd_preprocess_kernel[(triton.cdiv(Sq, pre_bm) * B * Hq,)](
+        o, do, delta, *o.stride(), *do.stride(), Sq, D, Hq, BLOCK_M=pre_bm, BLOCK_D=BD, num_warps=4)
+
+    qk_scale = sm_scale * math.log2(math.e)
+    jit_bwd.bwd_dkdv_kernel[(triton.cdiv(Skv, BN) * B * Hkv,)](
+        q, k, v, do, lse, delta, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        Sq, Skv, D, Hkv, Hq // Hkv, mask.diag_off, mask.win_left, mask.win_right, qk_scale, sm_scale,
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, **common, **opts,
+    )
+    # the dQ kernel mirrors the roles: BWD_BLOCK_N rows resident, BWD_BLOCK_M keys streamed
+    jit_bwd.bwd_dq_kernel[(triton.cdiv(Sq, BN) * B * Hq,)](
+        q, k, v, do, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        Sq, Skv, D, Hq, Hq // Hkv, mask.diag_off, mask.win_left, mask.win_right, qk_scale, sm_scale,
+        BLOCK_M=BN, BLOCK_N=BM, BLOCK_D=BD, **common, **opts,
+    )
+    return dq, dk, dv

@@ -1,0 +1,76 @@
+"""Public flash-attention op (Triton): one differentiable function."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from attntune.kernels.triton_flash import launch
+from attntune.kernels.triton_flash.space import default_bwd_config, default_fwd_config
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask: launch.MaskArgs, sm_scale: float, config: Dict, bwd_config: Dict):
+        o, lse = launch.forward(q, k, v, mask, sm_scale, config)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mask, ctx.sm_scale, ctx.bwd_config = mask, sm_scale, bwd_config
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = launch.backward(do, q, k, v, o, lse, ctx.mask, ctx.sm_scale, ctx.bwd_config)
+        return dq, dk, dv, None, None, None, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    causal_align: str = "bottom_right", window: Optional[Tuple[int, int]] = None,
+                    scale: Optional[float] = None, config: Optional[Dict] = None,
+                    bwd_config: Optional[Dict] = None, return_lse: bool = False):
+    """Exact softmax attention with Triton flash kernels (forward and backward).
+
+    Args:
+        q: ``[B, Hq, Sq, D]`` float16 / bfloat16 / float32, any strides.
+        k: ``[B, Hkv, Skv, D]``, ``Hq % Hkv == 0``; query head ``h`` reads kv head ``h // (Hq // Hkv)``
+            (GQA/MQA without repeating K/V).
+        v: ``[B, Hkv, Skv, D]`` (``head_dim_v == head_dim`` only). ``1 <= D <= 256``.
+        causal: apply the causal mask.
+        causal_align: ``"bottom_right"`` (FlashAttention's convention, ``off = Skv - Sq``) or
+            ``"top_left"`` (torch's ``is_causal``, ``off = 0``).
+        window: ``(left, right)`` sliding window; -1 on a side = unbounded; ``None`` = no window.
+        scale: softmax scale; ``None`` = ``1 / sqrt(D)``.
+        config: forward launch config ``{BLOCK_M, BLOCK_N, num_warps, num_stages}``; ``None`` = default.
+        bwd_config: backward launch config ``{BWD_BLOCK_M, BWD_BLOCK_N, BWD_WARPS, BWD_STAGES}``.
+        return_lse: also return the log-sum-exp.
+
+    Mask semantics (exactly those of :mod:`attntune.problem`): with ``off = Skv - Sq`` for
+    ``bottom_right`` and ``0`` for ``top_left``, query row ``i`` attends key ``j`` iff
+
+    * causal:        ``j <= i + off``
+    * window (l, r): ``i + off - l <= j <= i + off + r`` (a side given as -1 is unbounded)
+
+    Only key blocks that intersect a row block's window are visited (cost ~ S * W for a window W).
+    A row with no admissible key yields zeros, LSE ``-inf`` and zero gradients — never NaN.
+
+    Float32 inputs use TF32 tensor-core dots only when ``torch.get_float32_matmul_precision()`` is
+    not ``"highest"``; otherwise exact fp32 dots.
+
+    Returns:
+        ``o [B, Hq, Sq, D]`` in q's dtype; with ``return_lse`` also ``lse [B, Hq, Sq]`` float32
+        (natural log, not differentiable).
+    """
+    launch.check_inputs(q, k, v)
+    D = q.shape[-1]
+    mask = launch.mask_args(q.shape[2], k.shape[2], causal, causal_align, window)
+    sm_scale = float(D ** -0.5 if scale is None else scale)
+    if sm_scale < 0:
+        # the kernels fold the scale into the running max (max(qk) * scale), valid only for scale >= 0;
+        # q * scale == (-q) * |scale| keeps everything else unchanged, and autograd flips dq back
+        q, sm_scale = -q, -sm_scale
+    config = config if config is not None else default_fwd_config(D, q.dtype)
+    bwd_config = bwd_config if bwd_config is not None else default_bwd_config(D, q.dtype)
+    o, lse = _FlashAttention.apply(q, k, v, mask, sm_scale, config, bwd_config)
+    return (o, lse) if return_lse else o

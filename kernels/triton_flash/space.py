@@ -1,0 +1,157 @@
+"""Launch-parameter spaces of the flash kernels, their shared-memory model and defaults.
+
+Shared by the ``triton_flash`` and ``triton_local`` variants (one definition, no copy-paste).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Dict, List
+
+import torch
+
+from attntune.kernels.base import Config, Param, Space
+from attntune.problem import AttentionProblem
+
+# Largest dynamic shared memory one program may take, in bytes, by arch (CUDA's "max shared memory
+# per block (opt-in)"; LDS per workgroup on AMD gfx9).
+SMEM_LIMIT = {
+    "sm_90": 227 * 1024, "sm_100": 227 * 1024, "sm_80": 163 * 1024, "sm_87": 163 * 1024,
+    "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_120": 99 * 1024, "sm_75": 64 * 1024,
+    "gfx9": 64 * 1024,
+}
+# The interpreter has no shared memory; it is given Hopper's limit so that the CPU tests walk the
+# same space a Hopper GPU declares.
+INTERPRETER_ARCH = "sm_90"
+
+
+@functools.lru_cache(maxsize=None)
+def device_arch(device_type: str) -> str:
+    """``sm_90``-style arch of the current device, ``gfx9`` for AMD CDNA/GCN, the interpreter's stand-in
+    on the CPU."""
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return INTERPRETER_ARCH
+    if torch.version.hip:
+        name = torch.cuda.get_device_properties(0).gcnArchName
+        return "gfx9" if name.startswith("gfx9") else name.split(":")[0]
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def block_d(head_dim: int) -> int:
+    """Head dim padded to a power of two (tl.dot and tl.arange need one; >= 16 for tensor cores)."""
+    return max(16, 1 << (int(head_dim) - 1).bit_length())
+
+
+def smem_limit(arch: str) -> int:
+    return SMEM_LIMIT.get(arch, 99 * 1024)  # unknown arch: assume the common consumer limit
+
+
+def fwd_smem_bytes(bm: int, bn: int, bd: int, elem: int, stages: int) -> int:
+    """Q tile resident + one K and one V tile per pipeline stage (P stays in registers). Matches what
+    Triton 3.6 reports for sm_90 exactly for num_stages >= 2 and over-counts num_stages = 1."""
+    return elem * bd * (bm + 2 * bn * max(stages, 1))
+
+
+def bwd_smem_bytes(bm: int, bn: int, bd: int, elem: int, stages: int) -> int:
+    """dK/dV kernel (the larger of the two): K, V resident [BN, BD]; Q and dO tiles [BM, BD] per
+    stage; P^T and dS^T [BN, BM] staged in shared memory for their dots."""
+    return elem * (2 * bn * bd + 2 * bm * bd * max(stages, 1) + 2 * bn * bm)
+
+
+def fwd_regs_per_thread(bm: int, bn: int, bd: int, warps: int) -> float:
+    """fp32 values each thread holds live: the O accumulator [BM, BD] + the scores [BM, BN]. Above
+    ~128 Triton 3.6 spills on sm_90 (measured by compiling the space with ptxas)."""
+    return (bm * bd + bm * bn) / (32 * warps)
+
+
+def bwd_regs_per_thread(bm: int, bn: int, bd: int, warps: int) -> float:
+    """dK/dV kernel: dK and dV accumulators [BN, BD] + P^T and dP^T [BN, BM]. A rough proxy: compiled
+    for sm_90 by Triton 3.6 this kernel sits at 255 registers for most configs and spills heavily
+    (KBs of stack) above ~160; between, spills are mild and timing decides."""
+    return (2 * bn * bd + 2 * bn * bm) / (32 * warps)
+
+def _elem(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def default_fwd_config(head_dim: int, dtype: torch.dtype, local: bool = False) -> Config:
+    """A config that runs everywhere the space is valid and is near the best on Hopper."""
+    if _elem(dtype) == 4:
+        return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4 if head_dim <= 128 else 8, "num_stages": 2}
+    if head_dim <= 64:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    if head_dim <= 128:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+
+
+def default_bwd_config(head_dim: int, dtype: torch.dtype) -> Config:
+    if _elem(dtype) == 4:
+        if head_dim <= 128:
+            return {"BWD_BLOCK_M": 32, "BWD_BLOCK_N": 64, "BWD_WARPS": 4, "BWD_STAGES": 2}
+        return {"BWD_BLOCK_M": 16, "BWD_BLOCK_N": 64, "BWD_WARPS": 8, "BWD_STAGES": 1}
+    if head_dim <= 64:
+        return {"BWD_BLOCK_M": 32, "BWD_BLOCK_N": 128, "BWD_WARPS": 8, "BWD_STAGES": 2}
+    if head_dim <= 128:
+        return {"BWD_BLOCK_M": 16, "BWD_BLOCK_N": 128, "BWD_WARPS": 8, "BWD_STAGES": 2}
+    return {"BWD_BLOCK_M": 16, "BWD_BLOCK_N": 64, "BWD_WARPS": 8, "BWD_STAGES": 1}
+
+
+# Domains. Forward-only problems get the full forward grid; forward+backward problems a narrower
+# forward grid (the backward dominates their time) times the backward grid, to stay in the hundreds.
+FWD_CHOICES = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8),
+               "num_stages": (1, 2, 3, 4)}
+FWD_CHOICES_TRAINING = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8),
+                        "num_stages": (2, 3)}
+BWD_CHOICES = {"BWD_BLOCK_M": (16, 32, 64), "BWD_BLOCK_N": (64, 128), "BWD_WARPS": (4, 8),
+               "BWD_STAGES": (1, 2)}
+# ROCm only (Triton's HIP backend options). UNTESTED: no ROCm machine was available to this project.
+HIP_CHOICES = {"waves_per_eu": (0, 1, 2), "matrix_instr_nonkdim": (16, 32)}
+FWD_REG_LIMIT = 128
+BWD_REG_LIMIT = 160
+
+
+def constraint_reasons(config: Config, head_dim: int, dtype: torch.dtype, arch: str) -> List[str]:
+    """Why a config would not compile, not fit, or spill badly on ``arch`` (empty = fine)."""
+    bd, es, limit = block_d(head_dim), _elem(dtype), smem_limit(arch)
+    out = []
+    bm, bn, w, s = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"], config["num_stages"]
+    smem = fwd_smem_bytes(bm, bn, bd, es, s)
+    if smem > limit:
+        out.append(f"forward shared memory ~{smem} B > {limit} B on {arch}")
+    regs = fwd_regs_per_thread(bm, bn, bd, w)
+    if regs > FWD_REG_LIMIT:
+        out.append(f"forward holds ~{regs:.0f} fp32 values per thread (> {FWD_REG_LIMIT}: spills)")
+    if "BWD_BLOCK_M" in config:
+        bm, bn = config["BWD_BLOCK_M"], config["BWD_BLOCK_N"]
+        w, s = config["BWD_WARPS"], config["BWD_STAGES"]
+        smem = bwd_smem_bytes(bm, bn, bd, es, s)
+        if smem > limit:
+            out.append(f"backward shared memory ~{smem} B > {limit} B on {arch}")
+        regs = bwd_regs_per_thread(bm, bn, bd, w)
+        if regs > BWD_REG_LIMIT:
+            out.append(f"backward holds ~{regs:.0f} fp32 values per thread (> {BWD_REG_LIMIT}: spills)")
+    return out
+
+
+def flash_space(problem: AttentionProblem, local: bool = False) -> Space:
+    """The launch space of the flash kernels for ``problem`` (independent of sequence lengths and
+    batch, so that a config tuned for one bucket stays valid for every shape that maps to it)."""
+    dtype, d = problem.torch_dtype, problem.head_dim
+    arch = device_arch(problem.device_type)
+    training = problem.mode == "fwd_bwd"
+    choices = dict(FWD_CHOICES_TRAINING if training else FWD_CHOICES)
+    if training:
+        choices.update(BWD_CHOICES)
+    hip = bool(torch.version.hip) and problem.device_type == "cuda"
+    if hip:
+        choices.update(HIP_CHOICES)
+    params = tuple(Param(name, dom) for name, dom in choices.items())
+    default = dict(default_fwd_config(d, dtype, local))
+    if training:
+        default.update(default_bwd_config(d, dtype))
+    if hip:
+        default.update({"waves_per_eu": 2, "matrix_instr_nonkdim": 16})
+    return Space(params=params, default=default,
+                 constraint=lambda cfg: constraint_reasons(cfg, d, dtype, arch))
