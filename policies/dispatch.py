@@ -174,6 +174,8 @@ def _problem(q, k, v, kv_lens, causal, align, window, scale, approx, grad) -> At
 
 def _store(sig, plan: Plan, fresh_miss: bool, device) -> Slot:
     rt = _runtime.get()
+    if len(SLOTS) >= _runtime.MAX_SLOTS:
+        rt.overflow()
     slot = Slot(plan, plan.impl.run, plan.problem, plan.config, rt.config.latency_sample, device,
                 miss=plan.key is not None and plan.key.key_id in rt.missed, reported=1 if fresh_miss else 0)
     SLOTS[sig] = slot
@@ -236,6 +238,8 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens) -> Tensor:
     plan = slot.plan
     if plan is None or plan.source == "fallback":
         raise error  # torch's own SDPA / the safe fallback failed: a real error, not ours to hide
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        raise error  # not the kernel's fault, and the fallback (eager: O(S^2)) would need more memory
     rt = _runtime.get()
     fb = rt.quarantine_plan(plan, error)
     with rt.lock:

@@ -17,6 +17,7 @@ signature, so a thread that already holds the old slot finishes a consistent cal
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import threading
 import warnings
 from collections import deque
@@ -29,11 +30,15 @@ from attntune.key import TuneKey
 from attntune.policies.config import LOG, RuntimeConfig
 from attntune.policies.index import CacheIndex
 from attntune.policies.plan import Plan
-from attntune.policies.policy import fallback_plan, resolve
+from attntune.policies.policy import fallback_plan, resolve, usable
 from attntune.problem import AttentionProblem
 
 #: most latency samples kept per slot (a ring: the percentiles describe the recent past)
 MAX_SAMPLES = 4096
+#: most call signatures kept. A workload whose shapes never repeat (e.g. decode over a growing KV
+#: tensor without kv_lens) would otherwise grow the slot and plan dicts without bound; past this many,
+#: both are emptied (misses flushed first) and refill from the per-key decisions, which are kept.
+MAX_SLOTS = 65536
 
 
 class Slot:
@@ -93,6 +98,10 @@ class Runtime:
         self.lock = threading.RLock()
         self._index: Optional[CacheIndex] = None
         self.plans: Dict[Tuple[AttentionProblem, str], Plan] = {}
+        # (key id, device, scale) -> the plan decided for the first problem of that key: other shapes
+        # of the bucket reuse the decision (buckets only decide speed, never correctness) after the
+        # variant's supports()/space() accept their exact shape — no index look-up, no miss write.
+        self.by_key: Dict[Tuple[str, str, Optional[float]], Plan] = {}
         self.missed: Set[str] = set()
         self.quarantine: Set[Tuple[str, str]] = set()
         self.quarantine_why: Dict[Tuple[str, str], str] = {}
@@ -133,8 +142,14 @@ class Runtime:
             if p is not None:
                 return p, False
             key = TuneKey.from_problem(problem, _fingerprint(dev))
-            plan, missed = resolve(problem, key, self.config, self.index, self.quarantine, dry=dry,
-                                  warn=self.warn_once)
+            kk = (key.key_id, str(dev), problem.scale)
+            plan = self._reuse(self.by_key.get(kk), problem, key)
+            missed = False
+            if plan is None:
+                plan, missed = resolve(problem, key, self.config, self.index, self.quarantine, dry=dry,
+                                       warn=self.warn_once)
+                if not dry:
+                    self.by_key[kk] = plan
             if dry:
                 return plan, False
             self.plans[ck] = plan
@@ -146,6 +161,25 @@ class Runtime:
                 self._add_pending(key, 1)
                 self.flush_misses()
             return plan, missed
+
+    def _reuse(self, prev: Optional[Plan], problem: AttentionProblem, key: TuneKey) -> Optional[Plan]:
+        """``prev``'s decision for another shape of the same key, if its variant runs this shape."""
+        cfg = self.config
+        if prev is None or prev.source == "fallback" or cfg.disabled:
+            return None  # fallbacks are per problem (quarantine, limits): decided afresh
+        if cfg.max_seqlen is not None and max(problem.seqlen_q, problem.seqlen_kv) > cfg.max_seqlen:
+            return None
+        if usable(prev.variant, prev.config, problem, self.quarantine):
+            return None
+        return dataclasses.replace(prev, problem=problem, key=key)
+
+    def overflow(self) -> None:
+        """Empty SLOTS and the per-problem plans (see :data:`MAX_SLOTS`); per-key decisions stay."""
+        with self.lock:
+            self.flush_misses()
+            LOG.info("%d call signatures: dropping per-shape slots and plans (telemetry restarts)", len(SLOTS))
+            SLOTS.clear()
+            self.plans.clear()
 
     # ---- misses -----------------------------------------------------------------------------------
     def _add_pending(self, key: TuneKey, n: int) -> None:
@@ -190,6 +224,9 @@ class Runtime:
                     self.plans[ck] = fb  # this problem: the safe fallback from now on
                 elif (p.variant, p.config_json) == tag:
                     del self.plans[ck]   # other problems: re-resolved on next use, skipping the tag
+            for kk, p in list(self.by_key.items()):
+                if (p.variant, p.config_json) == tag:
+                    del self.by_key[kk]
             for sig, slot in list(SLOTS.items()):
                 if slot.plan is not None and slot.plan is not fb and (
                         slot.plan.variant, slot.plan.config_json) == tag:

@@ -300,17 +300,33 @@ def test_cached_row_unusable_for_the_actual_problem_is_skipped():
 
 def test_misses_recorded_and_flushed_not_per_call():
     q, k, v = rand_qkv(1, 2, 2, 20, 20, 16)
+    q2, k2, v2 = rand_qkv(1, 2, 2, 18, 18, 16)  # another shape of the same bucket (24)
     for _ in range(5):
         attntune.attention(q, k, v, causal=True)
     st = _user_store()
     misses = st.misses()
     assert len(misses) == 1 and misses[0]["count"] == 1  # written when the plan was resolved
+    for _ in range(2):
+        attntune.attention(q2, k2, v2, causal=True)
+    assert st.misses()[0]["count"] == 1  # the bucket's decision was reused: no look-up, no write
+    assert attntune.explain(q2, k2, v2, causal=True).source == "heuristic"
     attntune.reset()  # ... and the remaining calls at reset()/exit, once
     misses = st.misses()
-    assert misses[0]["count"] == 5
+    assert len(misses) == 1 and misses[0]["count"] == 7
     key = TuneKey.model_validate_json(misses[0]["key_json"])
-    assert key.seqlen_q == 24 and key.causal  # 20 lies in the bucket of 24
+    assert key.seqlen_q == 24 and key.causal  # 18 and 20 lie in the bucket of 24
     st.dispose()
+
+
+def test_slot_overflow_keeps_working(monkeypatch):
+    monkeypatch.setattr(runtime, "MAX_SLOTS", 3)
+    outs = []
+    for sq in range(1, 9):  # 8 distinct signatures through a 3-slot table
+        q, k, v = rand_qkv(1, 2, 2, sq, 9, 16)
+        outs.append((attntune.attention(q, k, v, causal=True), TORCH_SDPA(q, k, v, attn_mask=_bottom_right_mask(sq, 9))))
+    assert len(runtime.SLOTS) <= 3
+    for a, b in outs:
+        torch.testing.assert_close(a, b, atol=3e-5, rtol=1e-5)
 
 
 def test_plan_api_caches_and_runs():
