@@ -380,7 +380,7 @@ class KeyTuner:
                              seconds=time.time() - t0)
         best = ok[0]
         bname, bcfg = space.from_params(best.params)
-        runner = next((t for t in ok[1:] if t.params.get("variant") != bname), ok[1] if len(ok) > 1 else None)
+        runner, runner_ms = self._runner_up(trials, ok, bname)
         rname, rcfg = space.from_params(runner.params) if runner is not None else (None, None)
         base_ms = self._baseline_ms(ok, space, inputs)
         ms = float(best.value)
@@ -389,7 +389,7 @@ class KeyTuner:
         rec = WinnerRecord(
             key=self.key, variant=bname, config=bcfg, median_ms=ms,
             tflops=p.flops() / (ms * 1e-3) / 1e12, tbps=p.bytes_moved() / (ms * 1e-3) / 1e12,
-            runner_up=rname, runner_up_config=rcfg, runner_up_ms=float(runner.value) if runner else None,
+            runner_up=rname, runner_up_config=rcfg, runner_up_ms=runner_ms,
             sdpa_default_ms=base_ms, max_error=best.user_attrs.get("max_error"),
             fingerprint=software_fingerprint(variant.source_hash(), p.device_type),
             trials=len(measured), tuning_seconds=round(spent, 3), created_at=utcnow(),
@@ -397,6 +397,22 @@ class KeyTuner:
         retry_locked(self.store.upsert_winner, rec, force=self.force_upsert)
         return KeyResult(key=self.key, status="tuned", record=rec, trials=len(measured), failed=n_failed,
                          reason=unfinished, seconds=time.time() - t0)
+
+    @staticmethod
+    def _runner_up(trials: List[FrozenTrial], ok: List[FrozenTrial], winner: str):
+        """(trial, ms) of the runner-up: the best completed trial of another variant; else the best
+        early-stopped trial of another variant (ms = its first, cheap measurement); else the next best
+        config of the winner's variant; else (None, None)."""
+        other = [t for t in ok[1:] if t.params.get("variant") != winner]
+        if other:
+            return other[0], float(other[0].value)
+        stopped = sorted((t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get("cheap_ms")
+                          and t.params.get("variant") not in (None, winner)), key=lambda t: t.user_attrs["cheap_ms"])
+        if stopped:
+            return stopped[0], float(stopped[0].user_attrs["cheap_ms"])
+        if len(ok) > 1:
+            return ok[1], float(ok[1].value)
+        return None, None
 
     def _baseline_ms(self, ok: List[FrozenTrial], space: SearchSpace, inputs) -> Optional[float]:
         """torch SDPA default on the same inputs: from its trial when it completed, else measured now

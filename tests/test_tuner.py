@@ -257,6 +257,14 @@ def test_bad_variants_lose_for_the_recorded_reason(tmp_path, monkeypatch, regist
     assert rec.trials == 8  # 4 builtin + 4 test variants, each measured once
 
 
+def test_runner_up_falls_back_to_an_early_stopped_variant(tmp_path, monkeypatch, register):
+    register(Slow())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "sdpa_default,t_slow")
+    [rec] = tune([prob()], cache=CacheStore(tmp_path / "c.db"), timing=QUICK)
+    assert rec.variant == "sdpa_default" and rec.sdpa_default_ms == rec.median_ms
+    assert rec.runner_up == "t_slow" and rec.runner_up_config == {} and rec.runner_up_ms >= 50
+
+
 def test_gate_catches_leaking_padding_and_wrong_gradients(tmp_path, monkeypatch, register):
     register(IgnoresLens(), WrongGrad())
     allow(monkeypatch, "t_ignores_lens", "t_wrong_grad")
