@@ -7,7 +7,11 @@ Tensor layout everywhere in attntune (the layout of ``torch.nn.functional.scaled
 with ``Hq % Hkv == 0`` (GQA/MQA: query head ``h`` reads kv head ``h // (Hq // Hkv)``).
 
 Mask semantics (exact). Let ``off = Skv - Sq`` when ``causal_align == "bottom_right"`` and ``0`` when
-``"top_left"``. Query row ``i`` may attend key column ``j`` iff all of these hold:
+``"top_left"``. With ``kv_lens`` and ``"bottom_right"`` the offset is per sequence,
+``off_b = kv_lens[b] - Sq``: the queries are the last ``Sq`` positions of each sequence's *own* length,
+not of the padded ``Skv`` (the FlashAttention/vLLM convention for a padded KV cache, which decode with
+``Sq > 1`` and chunked prefill need; for ``Sq == 1`` both readings coincide). Query row ``i`` of batch
+element ``b`` may attend key column ``j`` iff all of these hold:
 
 * causal:            ``j <= i + off``
 * window (l, r):     ``i + off - l <= j <= i + off + r`` (a side given as -1 is unbounded)
@@ -111,7 +115,9 @@ class AttentionProblem(BaseModel):
 
     @property
     def offset(self) -> int:
-        """Column offset of query row 0 on the key axis (see module docstring)."""
+        """Column offset of query row 0 on the key axis (see module docstring). With ``kv_lens`` and
+        bottom-right alignment the actual offset is per sequence, ``kv_lens[b] - Sq``; this property
+        (shape-only) then describes a sequence of full length ``Skv``."""
         return self.seqlen_kv - self.seqlen_q if self.causal_align == "bottom_right" else 0
 
     @property

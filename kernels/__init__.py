@@ -19,6 +19,8 @@ VARIANT_MODULES = (
     "attntune.kernels.sdpa",
     "attntune.kernels.triton_flash_variant",
     "attntune.kernels.triton_local_variant",
+    "attntune.kernels.triton_decode_variant",
+    "attntune.kernels.nystrom",
 )
 
 UNAVAILABLE: Dict[str, str] = {}

@@ -36,20 +36,33 @@ def has_empty_rows(problem: AttentionProblem) -> bool:
 def build_mask(problem: AttentionProblem, device: torch.device | str,
                kv_lens: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """``True`` = may attend. Shape ``[Sq, Skv]``, or ``[B, 1, Sq, Skv]`` with ``kv_lens``; None if no
-    mask is needed at all."""
+    mask is needed at all.
+
+    With ``kv_lens`` and bottom-right alignment the causal/window diagonal sits at
+    ``off_b = kv_lens[b] - Sq`` for each sequence (see :mod:`attntune.problem`)."""
     sq, skv = problem.seqlen_q, problem.seqlen_kv
     left, right = problem.window_bounds
     mask = None
+    lens = None if kv_lens is None else kv_lens.to(device=device, dtype=torch.int64)
     if left is not None or right is not None:
-        i = torch.arange(sq, device=device).unsqueeze(1) + problem.offset
-        j = torch.arange(skv, device=device).unsqueeze(0)
-        mask = torch.ones(sq, skv, dtype=torch.bool, device=device)
+        j = torch.arange(skv, device=device).unsqueeze(0)  # [1, Skv]
+        i = torch.arange(sq, device=device).unsqueeze(1)  # [Sq, 1]
+        if lens is not None and problem.causal_align == "bottom_right":
+            i = i.unsqueeze(0) + (lens - sq)[:, None, None]  # [B, Sq, 1]: per-sequence diagonal
+        else:
+            i = i + problem.offset
+        mask = torch.ones(i.shape[:-1] + (skv,), dtype=torch.bool, device=device)
         if right is not None:
             mask &= j <= i + right
         if left is not None:
             mask &= j >= i - left
-    if kv_lens is not None:
-        valid = torch.arange(skv, device=device).unsqueeze(0) < kv_lens.to(device).unsqueeze(1)  # [B, Skv]
+    if lens is not None:
+        valid = torch.arange(skv, device=device).unsqueeze(0) < lens.unsqueeze(1)  # [B, Skv]
         valid = valid[:, None, None, :]
-        mask = valid if mask is None else (mask.unsqueeze(0).unsqueeze(0) & valid)
+        if mask is None:
+            mask = valid
+        elif mask.dim() == 3:  # [B, Sq, Skv]
+            mask = mask.unsqueeze(1) & valid
+        else:  # [Sq, Skv]
+            mask = mask[None, None] & valid
     return mask

@@ -1,0 +1,172 @@
+"""Triton device code of split-K flash-decoding (the ``@triton.jit`` layer; no host logic here).
+
+Two kernels:
+
+* :func:`decode_split_kernel` — one program per (batch ``b``, kv head ``hkv``, split ``s``, row block
+  ``mb``). It walks its slice of the key axis of sequence ``b`` tile by tile (``BLOCK_N`` keys), loading
+  each K/V tile once, and scores it against *every* query row that reads kv head ``hkv``: the
+  ``GROUP`` query heads of the GQA group times the ``SQ`` query positions. Those ``GROUP*SQ`` rows form
+  the M side of a small ``tl.dot`` (padded to ``BLOCK_M >= 16``, the smallest tensor-core tile), so a
+  decode step of a GQA model reads the KV cache once instead of ``GROUP`` times. It keeps an online
+  softmax and writes, per row and split, the normalised partial output and its log-sum-exp. With
+  ``SPLIT=False`` (one split) it writes the final output directly and no second kernel runs.
+* :func:`decode_reduce_kernel` — one program per output row ``(b, h, i)``; combines the splits'
+  partial outputs weighted by ``exp(lse_s - max_s lse_s)``.
+
+Log-sum-exps are kept in base 2 (scores are multiplied by ``scale * log2(e)`` and exponentiated with
+``exp2``, which is one MUFU instruction); they never leave the op.
+
+Row ``r`` of a (b, hkv) block is query head ``hkv*GROUP + r // SQ`` at query position ``r % SQ``.
+Key ``j`` is admissible for row ``r`` iff ``j < min(L_b, S_MAX)`` and, when causal,
+``j <= L_b - SQ + r % SQ``, with ``L_b = kv_lens[b]`` (or ``S_MAX`` without ``kv_lens``): the queries
+are the last ``SQ`` positions of sequence ``b``. A row without admissible keys yields zeros.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+# Shape integers that vary per call are not specialised (Triton would otherwise compile one variant per
+# "== 1" / "% 16 == 0" class of each); strides and head dims stay specialised: unit and 16-aligned strides
+# are what lets the loads vectorise.
+@triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "S_MAX", "NUM_SPLITS", "LSE_OFF"])
+def decode_split_kernel(
+    Q, K, V, KV_LENS, WS, OUT,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_ob, stride_oh, stride_os, stride_od,
+    HKV, GROUP, SQ, S_MAX, D, DV, NUM_SPLITS,
+    LSE_OFF,  # LSE partials start this many floats into WS (after the O partials)
+    qk_scale,  # softmax scale * log2(e)
+    HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr,  # D == BLOCK_D and DV == BLOCK_DV: no head-dim masks (unmasked vector loads)
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    b = pid_bh // HKV
+    hkv = pid_bh % HKV
+    # 64-bit base offsets: a KV cache of several GiB overflows int32 element offsets.
+    b64 = b.to(tl.int64)
+    hkv64 = hkv.to(tl.int64)
+
+    if HAS_LENS:
+        seq_len = tl.load(KV_LENS + b).to(tl.int32)
+    else:
+        seq_len = S_MAX
+    n_keys = tl.minimum(tl.maximum(seq_len, 0), S_MAX)
+
+    # This split's key range [lo, hi): equal chunks of the *sequence's own* length, rounded up to whole
+    # tiles, so the splits of a short sequence stay balanced and tiles start aligned.
+    per_split = tl.cdiv(n_keys, NUM_SPLITS)
+    chunk = tl.cdiv(per_split, BLOCK_N) * BLOCK_N
+    lo = pid_s * chunk
+    hi = tl.minimum(lo + chunk, n_keys)
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_rows = GROUP * SQ
+    row_ok = rows < n_rows
+    g = rows // SQ
+    qpos = rows % SQ
+    head64 = (hkv * GROUP + g).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    # With EVEN_D the loads take no head-dim mask: a mask that merely evaluates to true can still cost
+    # them their vector width.
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+
+    q_ptrs = (Q + b64 * stride_qb + head64[:, None] * stride_qh + qpos[:, None] * stride_qs
+              + offs_d[None, :] * stride_qd)
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    k_base = K + b64 * stride_kb + hkv64 * stride_kh
+    v_base = V + b64 * stride_vb + hkv64 * stride_vh
+    # Last admissible key of each row under the causal mask (bottom-right, per sequence).
+    causal_last = seq_len - SQ + qpos
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        # K tile loaded transposed, [BLOCK_D, BLOCK_N]: keys past `hi` are never read (padding of the
+        # cache may hold anything, NaN included).
+        k_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_ks + offs_d[:, None] * stride_kd
+        if EVEN_D:
+            k = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=d_ok[:, None] & n_ok[None, :], other=0.0)
+        # V is issued before the softmax math so its latency hides behind it.
+        v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
+        if EVEN_D:
+            v = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        ok = n_ok[None, :]
+        if CAUSAL:
+            ok = ok & (offs_n[None, :] <= causal_last[:, None])
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no admissible key yet keeps m = -inf; subtract 0 instead so that
+        # exp2(-inf - -inf) never makes a NaN (its p and alpha are then exactly 0).
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]  # rows without keys: acc == 0 -> zeros
+
+    if SPLIT:
+        # Workspace: O partials [B*Hq*SQ, NUM_SPLITS, DV] then LSE partials [B*Hq*SQ, NUM_SPLITS], fp32.
+        # Row index (b*Hq + h)*SQ + i equals pid_bh*GROUP*SQ + r because h = hkv*GROUP + r // SQ.
+        prow = (pid_bh.to(tl.int64) * n_rows + rows) * NUM_SPLITS + pid_s
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(WS + LSE_OFF + prow, lse, mask=row_ok)
+        tl.store(WS + prow[:, None] * DV + offs_dv[None, :], o, mask=row_ok[:, None] & dv_ok[None, :])
+    else:
+        o_ptrs = (OUT + b64 * stride_ob + head64[:, None] * stride_oh + qpos[:, None] * stride_os
+                  + offs_dv[None, :] * stride_od)
+        tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["HQ", "SQ", "NUM_SPLITS", "LSE_OFF"])
+def decode_reduce_kernel(
+    WS, OUT,
+    stride_ob, stride_oh, stride_os, stride_od,
+    HQ, SQ, DV, NUM_SPLITS, LSE_OFF,
+    BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)  # (b*HQ + h)*SQ + i
+    b = row // (HQ * SQ)
+    h = (row // SQ) % HQ
+    i = row % SQ
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    s_ok = offs_s < NUM_SPLITS
+    dv_ok = offs_dv < DV
+
+    lse = tl.load(WS + LSE_OFF + row * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_ref)  # empty splits (lse -inf) weigh exactly 0
+    denom = tl.sum(w, 0)
+    o = tl.load(WS + (row * NUM_SPLITS + offs_s)[:, None] * DV + offs_dv[None, :],
+                mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(OUT + b * stride_ob + h * stride_oh + i * stride_os + offs_dv * stride_od,
+             out.to(OUT.dtype.element_ty), mask=dv_ok)

@@ -1,0 +1,254 @@
+"""Host launcher of split-K flash-decoding: argument checks, tile sizes, split count, allocation, grid.
+
+Everything here is host arithmetic on shapes; the device code is in :mod:`.jit`. Strides of every
+tensor go to the kernels explicitly, so any strided view (a slice of a paged-out cache, a transposed
+``[B, S, H, D]`` tensor) works without a copy.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from attntune.kernels.triton_decode.jit import decode_reduce_kernel, decode_split_kernel
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 64
+#: the smallest M of a tensor-core tile (``tl.dot`` needs M, N, K >= 16)
+MIN_BLOCK = 16
+#: the fewest keys "auto" gives one split: below this a program's fixed cost (loading Q, writing a
+#: partial row per query row) outweighs the bandwidth it adds (H200: 8 splits of 128 keys beat 4 of 256
+#: at B=1, KV=1024)
+MIN_KEYS_PER_SPLIT = 128
+#: shared memory per SM assumed when the device does not say (H100/H200: 228 KiB)
+DEFAULT_SMEM_PER_SM = 228 * 1024
+#: most shared memory (by :func:`kv_smem_bytes`) a config may plan for one program: H100/H200 allow
+#: 227 KiB per block; the estimate is loose for small BLOCK_M but wgmma tiles (BLOCK_M >= 64) add Q and P
+#: staging (measured: BLOCK_M 64, D 256, BLOCK_N 64, 2 stages -> 160 KiB, estimate 128 KiB)
+SMEM_BLOCK_BUDGET = 160 * 1024
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters. ``num_splits == 0`` / ``num_stages == 0`` mean "auto": chosen per call from the
+    shape and the device (:func:`auto_num_splits`, :func:`auto_num_stages`)."""
+
+    BLOCK_N: int = 64
+    num_splits: int = 0
+    num_warps: int = 4
+    num_stages: int = 0
+
+    @classmethod
+    def from_dict(cls, cfg: Optional[dict]) -> "DecodeConfig":
+        if not cfg:
+            return _DEFAULT
+        unknown = set(cfg) - {"BLOCK_N", "num_splits", "num_warps", "num_stages"}
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)}")
+        c = cls(**{k: (0 if (k in ("num_splits", "num_stages") and cfg[k] in ("auto", None)) else int(cfg[k]))
+                   for k in cfg})
+        if c.BLOCK_N < MIN_BLOCK or c.BLOCK_N & (c.BLOCK_N - 1):
+            raise ValueError(f"config: BLOCK_N must be a power of two >= {MIN_BLOCK}, got {c.BLOCK_N}")
+        if not 0 <= c.num_splits <= MAX_SPLITS:
+            raise ValueError(f"config: num_splits must be in [0, {MAX_SPLITS}] (0 = auto), got {c.num_splits}")
+        if c.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"config: num_warps must be 1, 2, 4, 8 or 16, got {c.num_warps}")
+        if c.num_stages < 0:
+            raise ValueError(f"config: num_stages must be >= 0 (0 = auto), got {c.num_stages}")
+        return c
+
+
+_DEFAULT = DecodeConfig()
+
+
+def block_d(d: int) -> int:
+    """Head dim padded to a power of two (>= 16); the padding lanes are masked."""
+    return max(MIN_BLOCK, next_pow2(d))
+
+
+def block_m(group: int, seqlen_q: int, d: int) -> int:
+    """Rows per program: all ``group*seqlen_q`` rows in one tile when they fit, so K/V is read once.
+
+    Capped so the fp32 accumulator ``[BLOCK_M, BLOCK_D]`` stays within 16 K elements (128 x 128, or
+    64 x 256): beyond that the program would spill registers; more rows then take extra row blocks,
+    which re-read the same K/V tiles mostly from L2.
+    """
+    want = max(MIN_BLOCK, next_pow2(max(1, group * seqlen_q)))
+    cap = max(MIN_BLOCK, 16384 // block_d(d))
+    return min(want, cap)
+
+
+def kv_smem_bytes(stages: int, block_n: int, bd: int, bdv: int, itemsize: int) -> int:
+    """Upper estimate of a program's shared memory: ``stages`` K and V tiles (Triton keeps one fewer in
+    flight, plus scratch; measured on H200: 38 KiB at 2 stages and 70 KiB at 3 for BLOCK_N 64, D 128,
+    bf16, against 64 and 96 KiB here)."""
+    return stages * block_n * (bd + bdv) * itemsize
+
+
+@functools.lru_cache(maxsize=16)
+def _device_info(device_index: int):
+    p = torch.cuda.get_device_properties(device_index)
+    return p.multi_processor_count, int(getattr(p, "shared_memory_per_multiprocessor", 0) or DEFAULT_SMEM_PER_SM)
+
+
+def device_info(device: torch.device):
+    """(SM/CU count, shared memory per SM) of ``device``; an H100/H200's for the CPU interpreter."""
+    if device.type != "cuda":
+        return 132, DEFAULT_SMEM_PER_SM
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_info(idx)
+
+
+def auto_num_splits(programs: int, seqlen_kv: int, sms: int, block_n: int) -> int:
+    """Split count that fills the GPU: about two programs per SM in all, at least
+    ``MIN_KEYS_PER_SPLIT`` keys (and one tile) per split, a power of two, at most ``MAX_SPLITS``.
+
+    ``programs`` = batch * kv heads * row blocks, the programs one split gives.
+
+    >>> auto_num_splits(8, 8192, 132, 64)      # B=1, Hkv=8: 33 wanted -> 32 splits of 256 keys
+    32
+    >>> auto_num_splits(256, 8192, 132, 64)    # B=32, Hkv=8: the batch alone fills the GPU
+    1
+    >>> auto_num_splits(8, 1024, 132, 64)      # short cache: 8 splits of 128 keys
+    8
+    """
+    if programs >= sms:
+        return 1
+    want = math.ceil(2 * sms / max(1, programs))
+    by_len = max(1, seqlen_kv // max(MIN_KEYS_PER_SPLIT, block_n))
+    n = min(want, by_len, MAX_SPLITS)
+    return 1 << (n.bit_length() - 1)  # round down to a power of two: fewer compiled variants
+
+
+def auto_num_stages(programs: int, sms: int, smem_per_sm: int, block_n: int, bd: int, bdv: int,
+                    itemsize: int) -> int:
+    """3 pipeline stages when every program can be resident at once with 3 stages (and 3 fit the
+    per-program budget ``SMEM_BLOCK_BUDGET``), else 2.
+
+    A decode program streams K/V and does little math, so its speed is the bytes it keeps in flight:
+    a third stage adds them (H200, B=32, KV=8192, 256 programs: 237 µs vs 259 µs at 2 stages) unless the
+    extra shared memory pushes programs into a second wave (B=64, KV=4096, 512 programs: 2 stages win;
+    both from the sweep in ``benchmarks/results/decode_h200_run1.json``).
+
+    >>> auto_num_stages(256, 132, 228 * 1024, 64, 128, 128, 2)
+    3
+    >>> auto_num_stages(512, 132, 228 * 1024, 64, 128, 128, 2)
+    2
+    """
+    need = kv_smem_bytes(3, block_n, bd, bdv, itemsize)
+    if need > SMEM_BLOCK_BUDGET:
+        return 2
+    return 3 if programs <= (smem_per_sm // need) * sms else 2
+
+
+class LaunchPlan(NamedTuple):
+    grid: Tuple[int, int, int]
+    splits: int
+    block_m: int
+    block_d: int
+    block_dv: int
+    even_d: bool
+    num_warps: int
+    num_stages: int
+    block_s: int  # reduction: splits padded to a power of two
+    reduce_warps: int
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_launch(B: int, Hq: int, Sq: int, D: int, Hkv: int, S_max: int, Dv: int, itemsize: int,
+                sms: int, smem_per_sm: int, cfg: DecodeConfig) -> LaunchPlan:
+    """Everything about a launch that depends on shapes only (cached: the hot path is a dict lookup)."""
+    group = Hq // Hkv
+    bd, bdv = block_d(D), block_d(Dv)
+    bm = block_m(group, Sq, max(D, Dv))
+    m_blocks = -(-group * Sq // bm)
+    programs = B * Hkv * m_blocks
+    splits = cfg.num_splits or auto_num_splits(programs, S_max, sms, cfg.BLOCK_N)
+    # More splits than tiles only adds empty programs and partial rows.
+    splits = max(1, min(splits, -(-max(S_max, 1) // cfg.BLOCK_N)))
+    stages = cfg.num_stages or auto_num_stages(programs * splits, sms, smem_per_sm, cfg.BLOCK_N, bd, bdv,
+                                               itemsize)
+    bs = max(2, next_pow2(splits))
+    # about 32 fp32 partial values per thread: the reduction's [BLOCK_S, BLOCK_DV] tile sits in registers
+    reduce_warps = min(8, max(1, next_pow2(bs * bdv // 1024)))
+    return LaunchPlan((B * Hkv, splits, m_blocks), splits, bm, bd, bdv, bd == D and bdv == Dv,
+                      cfg.num_warps, stages, bs, reduce_warps)
+
+
+def check_decode_args(q, k_cache, v_cache, kv_lens, max_seqlen_q: int = 16) -> None:
+    """Raise ``ValueError`` naming the argument when the inputs do not fit the decode op."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-D tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{name}: dtype {t.dtype} not supported; expected float16, bfloat16 or float32")
+        if t.device != q.device:
+            raise ValueError(f"{name}: device {t.device} differs from q's {q.device}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"k_cache/v_cache: dtype must match q ({q.dtype})")
+    B, Hq, Sq, D = q.shape
+    Bk, Hkv, S, Dk = k_cache.shape
+    if Bk != B or v_cache.shape[0] != B:
+        raise ValueError(f"k_cache/v_cache: batch must be {B} (q's), got {Bk} and {v_cache.shape[0]}")
+    if Dk != D:
+        raise ValueError(f"k_cache: head_dim {Dk} must equal q's {D}")
+    if tuple(v_cache.shape[1:3]) != (Hkv, S):
+        raise ValueError(f"v_cache: [B, Hkv, S_max] must match k_cache's {(B, Hkv, S)}, got "
+                         f"{tuple(v_cache.shape[:3])}")
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"q: heads ({Hq}) must be a multiple of k_cache's heads ({Hkv})")
+    if Sq > max_seqlen_q:
+        raise ValueError(f"q: seqlen_q {Sq} > {max_seqlen_q}; decode handles 1..{max_seqlen_q} query "
+                         f"positions (use a prefill kernel)")
+    if max(D, v_cache.shape[3]) > 256:
+        raise ValueError(f"q/v_cache: head_dim up to 256 supported, got {D} and {v_cache.shape[3]}")
+    if kv_lens is not None:
+        if not isinstance(kv_lens, torch.Tensor) or kv_lens.dim() != 1 or kv_lens.shape[0] != B:
+            raise ValueError(f"kv_lens: expected a 1-D tensor of length batch={B}")
+        if kv_lens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"kv_lens: expected int32 (or int64), got {kv_lens.dtype}")
+        if kv_lens.device != q.device:
+            raise ValueError(f"kv_lens: device {kv_lens.device} differs from q's {q.device}")
+
+
+def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  kv_lens: Optional[torch.Tensor], out: torch.Tensor, causal: bool, scale: float,
+                  cfg: DecodeConfig, dot_precision: str = "tf32") -> torch.Tensor:
+    """Launch the split kernel (and the reduction when more than one split): ``out`` [B, Hq, Sq, Dv]
+    receives the result. Inputs are assumed checked (:func:`check_decode_args`)."""
+    B, Hq, Sq, D = q.shape
+    Hkv, S_max, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    if out.numel() == 0:
+        return out
+    sms, smem = device_info(q.device)
+    p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg)
+    split = p.splits > 1
+    rows = B * Hq * Sq
+    # One allocation holds both partial buffers: O [rows, splits, Dv] then LSE [rows, splits] (the host
+    # cost of every allocation and view counts in decode).
+    ws = torch.empty(rows * p.splits * (Dv + 1), device=q.device, dtype=torch.float32) if split else out
+    decode_split_kernel[p.grid](
+        q, k_cache, v_cache, kv_lens, ws, out,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+        Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, rows * p.splits * Dv, scale * LOG2E,
+        HAS_LENS=kv_lens is not None, CAUSAL=bool(causal), SPLIT=split,
+        BLOCK_M=p.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=p.block_d, BLOCK_DV=p.block_dv,
+        EVEN_D=p.even_d, DOT_PRECISION=dot_precision,
+        num_warps=p.num_warps, num_stages=p.num_stages,
+    )
+    if split:
+        decode_reduce_kernel[(rows,)](
+            ws, out, *out.stride(), Hq, Sq, Dv, p.splits, rows * p.splits * Dv,
+            BLOCK_S=p.block_s, BLOCK_DV=p.block_dv, num_warps=p.reduce_warps,
+        )
+    return out

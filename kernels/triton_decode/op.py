@@ -1,0 +1,67 @@
+"""Public split-K flash-decoding op: attention of a few new query positions over a KV cache."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from attntune.kernels.triton_decode.launch import DecodeConfig, check_decode_args, launch_decode
+from attntune.tolerances import tf32_allowed
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    kv_lens: Optional[torch.Tensor] = None,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    config: Optional[Union[dict, DecodeConfig]] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Softmax attention of ``Sq`` (1..16) new query positions over a KV cache, forward only.
+
+    Args:
+        q:        ``[B, Hq, Sq, D]``, Sq in 1..16 (decode, or a few speculative tokens).
+        k_cache:  ``[B, Hkv, S_max, D]``, ``Hq % Hkv == 0``; query head ``h`` reads kv head
+                  ``h // (Hq // Hkv)`` (GQA/MQA).
+        v_cache:  ``[B, Hkv, S_max, Dv]``. Any strides (e.g. a slice of a larger cache).
+        kv_lens:  optional ``int32 [B]`` (int64 accepted): sequence ``b`` holds ``kv_lens[b]`` valid
+                  keys, ``k_cache[b, :, :kv_lens[b]]``; keys past it are never read (they may hold
+                  garbage, NaN included). Values are clamped to ``[0, S_max]`` for reading keys.
+                  ``None`` means every sequence has ``S_max`` keys.
+        causal:   mask later keys. The ``Sq`` queries are the *last* ``Sq`` positions of each sequence
+                  (bottom-right alignment per sequence, the FlashAttention/vLLM convention): query row
+                  ``i`` of sequence ``b`` attends key ``j`` iff ``j < kv_lens[b]`` and
+                  ``j <= kv_lens[b] - Sq + i`` (``S_max`` in place of ``kv_lens[b]`` without kv_lens).
+                  Without ``causal`` every row attends all ``j < kv_lens[b]``. For ``Sq == 1`` both
+                  are the same.
+        scale:    softmax scale; ``None`` means ``1/sqrt(D)``.
+        config:   launch parameters ``{"BLOCK_N", "num_splits", "num_warps", "num_stages"}`` (a dict or
+                  :class:`DecodeConfig`); ``num_splits`` / ``num_stages`` 0 or ``"auto"`` pick them from
+                  the shape and the GPU (SM count, shared memory). ``None``: BLOCK_N 64, 4 warps, both
+                  auto. Any valid config gives the same result up to rounding.
+        out:      optional ``[B, Hq, Sq, Dv]`` tensor of q's dtype to write into (any strides).
+
+    Returns:
+        ``[B, Hq, Sq, Dv]`` in q's dtype. A row with no admissible key — ``kv_lens[b] == 0``, or a
+        causal row with ``kv_lens[b] - Sq + i < 0`` — is all zeros, never NaN.
+
+    float16, bfloat16 and float32 inputs; D, Dv up to 256 (any value: padded to a power of two and
+    masked). float32 uses TF32 dots only when ``torch.get_float32_matmul_precision() != "highest"``.
+    Accumulation is float32 throughout; the split partials are float32.
+    """
+    check_decode_args(q, k_cache, v_cache, kv_lens)
+    cfg = config if isinstance(config, DecodeConfig) else DecodeConfig.from_dict(config)
+    B, Hq, Sq, _ = q.shape
+    shape = (B, Hq, Sq, v_cache.shape[3])
+    if out is None:
+        out = torch.empty(shape, device=q.device, dtype=q.dtype)
+    elif tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out: expected {shape} {q.dtype} on {q.device}, got {tuple(out.shape)} "
+                         f"{out.dtype} on {out.device}")
+    sm_scale = float(scale) if scale is not None else q.shape[3] ** -0.5
+    precision = "tf32" if (q.dtype != torch.float32 or tf32_allowed()) else "ieee"
+    return launch_decode(q, k_cache, v_cache, kv_lens, out, causal, sm_scale, cfg, precision)

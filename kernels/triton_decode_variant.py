@@ -1,0 +1,112 @@
+"""The ``triton_decode`` variant: split-K flash-decoding over a KV cache (:mod:`.triton_decode`).
+
+For decode and speculative decode (1..16 query positions), forward only. Its tunables: ``BLOCK_N``
+(keys per tile), ``num_splits`` (0 = chosen per call from the shape and SM count), ``num_warps``,
+``num_stages`` (0 = chosen per call from the program count and shared memory).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+import torch
+
+from attntune.kernels.base import Config, Param, Space, Variant
+from attntune.kernels.triton_decode.launch import MAX_SPLITS, SMEM_BLOCK_BUDGET, block_d, block_m, kv_smem_bytes
+from attntune.kernels.triton_decode.op import decode_attention
+from attntune.problem import AttentionProblem
+
+MAX_SEQLEN_Q = 16
+MAX_HEAD_DIM = 256
+#: fp32 accumulator + score elements one thread may hold before the kernel spills
+MAX_REGS_PER_THREAD = 192
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class TritonDecodeVariant(Variant):
+    name = "triton_decode"
+    family = "triton"
+    description = ("Triton split-K flash-decoding: K/V tiles read once per GQA group and query block, "
+                   "splits over the key axis combined by LSE; kv_lens; forward only, Sq <= 16")
+    source_modules = (
+        "attntune.kernels.triton_decode.jit",
+        "attntune.kernels.triton_decode.launch",
+        "attntune.kernels.triton_decode.op",
+        "attntune.kernels.triton_decode_variant",
+    )
+
+    def supports(self, problem: AttentionProblem) -> List[str]:
+        reasons = []
+        if problem.device_type == "cpu":
+            if not _interpreted():
+                reasons.append("needs a CUDA/ROCm device (or TRITON_INTERPRET=1 on the CPU)")
+        elif problem.device_type != "cuda":
+            reasons.append(f"needs a CUDA/ROCm device, not {problem.device_type}")
+        if problem.seqlen_q > MAX_SEQLEN_Q:
+            reasons.append(f"seqlen_q {problem.seqlen_q} > {MAX_SEQLEN_Q} (a decode kernel; use prefill)")
+        if problem.mode == "fwd_bwd":
+            reasons.append("forward only (no backward: decode is inference)")
+        if problem.head_dim > MAX_HEAD_DIM:
+            reasons.append(f"head_dim {problem.head_dim} > {MAX_HEAD_DIM}")
+        if problem.head_dim != problem.head_dim_v:
+            reasons.append(f"head_dim_v {problem.head_dim_v} != head_dim {problem.head_dim}")
+        if problem.dtype == "float64":
+            reasons.append("float64 not supported (tl.dot has no fp64 path)")
+        if problem.window is not None:
+            reasons.append("sliding window not supported")
+        if problem.causal and problem.causal_align == "top_left":
+            # The kernel's diagonal is the last Sq positions of each sequence (bottom-right). Top-left
+            # gives the same mask only when it puts row 0 at key 0 too: Sq == Skv without kv_lens.
+            if problem.kv_lens or problem.seqlen_q != problem.seqlen_kv:
+                reasons.append("causal with top-left alignment (only bottom-right decode alignment)")
+        return reasons
+
+    def space(self, problem: AttentionProblem) -> Space:
+        bd = block_d(max(problem.head_dim, problem.head_dim_v))
+        bm = block_m(problem.group, max(1, problem.seqlen_q), bd)
+        itemsize = problem.torch_dtype.itemsize
+
+        def constraint(cfg: Config) -> List[str]:
+            out = []
+            n, w, st = cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]
+            # auto stages (0) resolve to 3 only when 3 fit the budget, else 2
+            smem = kv_smem_bytes(st or 2, n, bd, bd, itemsize)
+            if smem > SMEM_BLOCK_BUDGET:
+                out.append(f"K/V pipeline needs about {smem} B of shared memory > {SMEM_BLOCK_BUDGET}")
+            regs = (bm * bd + 2 * bm * n) // (32 * w)  # accumulator + scores/probabilities, fp32
+            if regs > MAX_REGS_PER_THREAD:
+                out.append(f"about {regs} fp32 registers per thread for tiles (BLOCK_M={bm}) > "
+                           f"{MAX_REGS_PER_THREAD}: would spill")
+            if n > 128 and bd > 128:
+                out.append("BLOCK_N > 128 with head_dim > 128 exceeds the register file")
+            return out
+
+        # Measured on H200 (benchmarks/results/decode_h200.json, "sweep"): BLOCK_N 64 with auto splits and
+        # stages is within 5% of the best of 84 swept configs on each of 8 decode shapes, B=1 to B=64.
+        default = {"BLOCK_N": 64, "num_splits": 0, "num_warps": 4, "num_stages": 0}
+        if constraint(default):  # e.g. 128 rows x 256 dims: more warps
+            default = {"BLOCK_N": 32, "num_splits": 0, "num_warps": 8, "num_stages": 0}
+        return Space(
+            params=(
+                Param("BLOCK_N", (16, 32, 64, 128, 256)),
+                # 0 = auto: from the actual call's shape and the SM count (robust across a tune bucket)
+                Param("num_splits", (0, 1, 2, 4, 8, 16, 32, MAX_SPLITS)),
+                Param("num_warps", (1, 2, 4, 8)),
+                # 0 = auto: 3 when all programs stay resident with 3, else 2 (see launch.auto_num_stages)
+                Param("num_stages", (0, 1, 2, 3, 4)),
+            ),
+            constraint=constraint,
+            default=default,
+        )
+
+    def run(self, q, k, v, problem: AttentionProblem, config: Config,
+            kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return decode_attention(q, k, v, kv_lens=kv_lens, causal=problem.causal, scale=problem.scale,
+                                config=config)
+
+
+VARIANTS = [TritonDecodeVariant()]

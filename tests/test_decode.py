@@ -1,0 +1,312 @@
+"""Split-K flash-decoding (``triton_decode``) against the float64 reference.
+
+On the CPU the kernels run under the Triton interpreter at small shapes (fp16/fp32; bf16 ``tl.dot`` is
+broken in the triton 3.9 interpreter, so bf16 runs on the GPU only). The ``gpu`` tests cover the
+serving shapes and bf16.
+"""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+import torch
+
+from attntune.kernels import registry
+from attntune.kernels.masks import build_mask
+from attntune.kernels.reference import reference_attention
+from attntune.kernels.triton_decode import launch
+from attntune.kernels.triton_decode.op import decode_attention
+from attntune.problem import AttentionProblem, dtype_name
+from helpers import assert_close, rand_qkv
+
+HAS_GPU = torch.cuda.is_available()
+DEV = "cuda" if HAS_GPU else "cpu"
+DTYPES = [torch.float16, torch.float32,
+          pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+              not HAS_GPU, reason="bf16 tl.dot returns garbage in the triton interpreter (CPU)"))]
+
+
+def problem_of(q, k, causal, with_lens):
+    return AttentionProblem(batch=q.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
+                            seqlen_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=k.shape[3],
+                            dtype=dtype_name(q.dtype), device_type=q.device.type, causal=causal,
+                            kv_lens=with_lens)
+
+
+def lens_with_edges(b, s_max, seed=0):
+    """Random lengths in [0, s_max] that include 0, 1 and the full length when the batch allows."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, s_max + 1, (b,), generator=g)
+    for i, edge in enumerate((s_max, 1, 0)[:b]):
+        lens[i] = edge
+    return lens.to(torch.int32)
+
+
+def poison_padding(k, v, lens):
+    """NaN in every cache slot past each sequence's length: any read of padding shows in the output."""
+    k, v = k.clone(), v.clone()
+    for b, n in enumerate(lens.tolist()):
+        k[b, :, n:] = float("nan")
+        v[b, :, n:] = float("nan")
+    return k, v
+
+
+def check(q, k, v, lens, causal, config, k_ref=None, v_ref=None):
+    """Run into a NaN-poisoned output and compare with the float64 reference."""
+    out = torch.full(q.shape[:3] + (v.shape[3],), float("nan"), device=q.device, dtype=q.dtype)
+    res = decode_attention(q, k, v, kv_lens=lens, causal=causal, config=config, out=out)
+    assert res.data_ptr() == out.data_ptr()
+    ref = reference_attention(q, k if k_ref is None else k_ref, v if v_ref is None else v_ref,
+                              problem_of(q, k, causal, lens is not None), lens)
+    assert_close(out, ref, dtype_name(q.dtype))
+    return out
+
+
+# ---- semantics of the reference: per-sequence bottom-right diagonal with kv_lens ------------------
+def test_mask_with_kv_lens_aligns_each_sequence_to_its_own_length():
+    p = AttentionProblem(batch=2, heads_q=1, heads_kv=1, seqlen_q=3, seqlen_kv=6, head_dim=8, head_dim_v=8,
+                         dtype="float32", causal=True, kv_lens=True)
+    m = build_mask(p, "cpu", torch.tensor([4, 2]))  # [B, 1, Sq, Skv]
+    want = torch.tensor([
+        [[1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]],  # rows are positions 1, 2, 3 of 4
+        [[0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0]],  # positions -1, 0, 1 of 2
+    ], dtype=torch.bool)
+    assert torch.equal(m[:, 0], want)
+    # Without kv_lens nothing changed: the diagonal sits at Skv - Sq.
+    p2 = p.model_copy(update={"kv_lens": False})
+    assert torch.equal(build_mask(p2, "cpu"), torch.ones(3, 6, dtype=torch.bool).tril(3))
+    # Window with kv_lens: per-sequence diagonal as well (left reach 1).
+    p3 = p.model_copy(update={"window": (1, 0)})
+    m3 = build_mask(p3, "cpu", torch.tensor([4, 2]))[:, 0]
+    assert m3[0, 2].tolist() == [0, 0, 1, 1, 0, 0] and m3[1, 2].tolist() == [1, 1, 0, 0, 0, 0]
+
+
+# ---- correctness vs reference -----------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq, hkv", [(4, 1), (4, 2), (4, 4)])
+@pytest.mark.parametrize("sq", [1, 4, 16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kv_lens_matches_reference(dtype, hq, hkv, sq, causal):
+    b, s_max, d = 4, 37, 64
+    q, k, v = rand_qkv(b, hq, hkv, sq, s_max, d, dtype=dtype, device=DEV, seed=sq * 7 + hkv)
+    lens = lens_with_edges(b, s_max, seed=hq + sq).to(DEV)
+    kp, vp = poison_padding(k, v, lens)
+    # Split count 1 (direct write) and 3 (partials + reduction, one split partly empty for short rows).
+    for splits in (1, 3):
+        out = check(q, kp, vp, lens, causal, {"BLOCK_N": 16, "num_splits": splits}, k, v)
+        assert (out[lens == 0] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sq, causal", [(1, False), (5, True), (5, False)])
+def test_no_kv_lens_bottom_right(dtype, sq, causal):
+    q, k, v = rand_qkv(2, 6, 2, sq, 45, 64, dtype=dtype, device=DEV, seed=3)
+    check(q, k, v, None, causal, {"BLOCK_N": 16, "num_splits": 2})
+
+
+@pytest.mark.parametrize("d", [64, 80, 96] + ([128, 160, 256] if HAS_GPU else []))
+def test_head_dims(d):
+    q, k, v = rand_qkv(2, 4, 2, 2, 40, d, dtype=torch.float16, device=DEV, seed=d)
+    lens = torch.tensor([40, 17], dtype=torch.int32, device=DEV)
+    check(q, k, v, lens, True, {"BLOCK_N": 32, "num_splits": 2})
+
+
+def test_result_independent_of_split_count_and_tiles():
+    q, k, v = rand_qkv(1, 4, 2, 3, 300, 64, dtype=torch.float32, device=DEV, seed=5)
+    lens = torch.tensor([293], dtype=torch.int32, device=DEV)
+    base = decode_attention(q, k, v, kv_lens=lens, causal=True, config={"BLOCK_N": 64, "num_splits": 1})
+    ref = reference_attention(q, k, v, problem_of(q, k, True, True), lens)
+    assert_close(base, ref, "float32")
+    for cfg in ({"BLOCK_N": 16, "num_splits": 7, "num_stages": 1}, {"BLOCK_N": 32, "num_splits": 64},
+                {"BLOCK_N": 64, "num_splits": 4, "num_stages": 3}, {"BLOCK_N": 16, "num_splits": "auto"}):
+        out = decode_attention(q, k, v, kv_lens=lens, causal=True, config=cfg)
+        torch.testing.assert_close(out, base, atol=2e-6, rtol=2e-6, msg=lambda m: f"{cfg}: {m}")
+
+
+def test_arbitrary_strides_and_int64_lens():
+    b, hq, hkv, sq, s, d = 2, 4, 2, 3, 33, 64
+    g = torch.Generator().manual_seed(11)
+    # q as a transposed [B, Sq, H, D] tensor; caches as [B, S, H, D] buffers sliced on S (vLLM-like).
+    q = torch.randn(b, sq, hq, d, generator=g).to(DEV, torch.float16).transpose(1, 2)
+    kbuf = torch.randn(b, s + 9, hkv, d, generator=g).to(DEV, torch.float16)
+    vbuf = torch.randn(b, s + 9, hkv, d, generator=g).to(DEV, torch.float16)
+    k, v = kbuf[:, :s].transpose(1, 2), vbuf[:, :s].transpose(1, 2)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    lens = torch.tensor([33, 20], dtype=torch.int64, device=DEV)
+    obuf = torch.full((b, sq, hq, d), float("nan"), device=DEV, dtype=torch.float16)
+    out = decode_attention(q, k, v, kv_lens=lens, causal=True, config={"BLOCK_N": 16, "num_splits": 2},
+                           out=obuf.transpose(1, 2))
+    ref = reference_attention(q, k, v, problem_of(q, k, True, True), lens)
+    assert_close(out, ref, "float16")
+    assert_close(obuf.transpose(1, 2), ref, "float16", what="strided out buffer")
+
+
+def test_rows_without_keys_are_zero():
+    # kv_lens 0 for everyone, and causal rows whose diagonal falls before key 0 (kv_lens < Sq).
+    q, k, v = rand_qkv(3, 2, 1, 4, 20, 64, dtype=torch.float32, device=DEV, seed=2)
+    lens = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEV)
+    out = check(q, k, v, lens, True, {"BLOCK_N": 16, "num_splits": 2})
+    assert (out[0] == 0).all()
+    assert (out[1, :, :2] == 0).all() and (out[1, :, 2:] != 0).any()
+    assert (out[2, :, :1] == 0).all() and (out[2, :, 1:] != 0).any()
+    empty = torch.zeros(3, dtype=torch.int32, device=DEV)
+    assert (decode_attention(q, k, v, kv_lens=empty) == 0).all()
+
+
+def test_lengths_beyond_cache_are_clamped_for_reads():
+    q, k, v = rand_qkv(2, 2, 1, 2, 16, 64, dtype=torch.float32, device=DEV, seed=4)
+    lens = torch.tensor([40, -3], dtype=torch.int32, device=DEV)
+    check(q, k, v, lens, True, {"BLOCK_N": 16, "num_splits": 2})
+
+
+def test_scale_argument():
+    q, k, v = rand_qkv(1, 2, 2, 1, 30, 64, dtype=torch.float32, device=DEV, seed=6)
+    out = decode_attention(q, k, v, scale=0.3, config={"BLOCK_N": 16, "num_splits": 1})
+    p = problem_of(q, k, False, False).model_copy(update={"scale": 0.3})
+    assert_close(out, reference_attention(q, k, v, p), "float32")
+
+
+def test_argument_errors():
+    q, k, v = rand_qkv(2, 4, 2, 1, 8, 64, device=DEV)
+    with pytest.raises(ValueError, match="seqlen_q 17"):
+        decode_attention(q.expand(2, 4, 17, 64), k, v)
+    with pytest.raises(ValueError, match="multiple"):
+        decode_attention(q[:, :3], k, v)
+    with pytest.raises(ValueError, match="k_cache/v_cache: dtype"):
+        decode_attention(q, k.half(), v.half())
+    with pytest.raises(ValueError, match="kv_lens"):
+        decode_attention(q, k, v, kv_lens=torch.ones(3, dtype=torch.int32, device=DEV))
+    with pytest.raises(ValueError, match="kv_lens"):
+        decode_attention(q, k, v, kv_lens=torch.ones(2, device=DEV))
+    with pytest.raises(ValueError, match="v_cache"):
+        decode_attention(q, k, v[:, :, :4])
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        decode_attention(q, k, v, config={"BLOCK_N": 24})
+    with pytest.raises(ValueError, match="unknown"):
+        decode_attention(q, k, v, config={"BLOCK_M": 16})
+    with pytest.raises(ValueError, match="out"):
+        decode_attention(q, k, v, out=torch.empty(2, 4, 1, 32, device=DEV))
+
+
+def test_auto_split_heuristic_doctests():
+    assert doctest.testmod(launch, raise_on_error=False).failed == 0
+    assert launch.block_m(4, 1, 128) == 16 and launch.block_m(8, 16, 128) == 128
+    assert launch.block_m(32, 16, 256) == 64  # capped: accumulator 64 x 256
+    # stages: 3 fit a D=128 program; D=256 with BLOCK_N 64 would exceed the per-program budget
+    assert launch.auto_num_stages(8, 132, 228 * 1024, 64, 256, 256, 2) == 2
+    p = launch.plan_launch(1, 32, 1, 128, 8, 8192, 128, 2, 132, 228 * 1024, launch.DecodeConfig())
+    assert (p.splits, p.num_stages, p.grid) == (32, 3, (8, 32, 1))
+    p = launch.plan_launch(64, 32, 1, 128, 8, 4096, 128, 2, 132, 228 * 1024, launch.DecodeConfig())
+    assert (p.splits, p.num_stages, p.grid) == (1, 2, (512, 1, 1))
+    # an explicit config is taken as given, except splits beyond the number of tiles
+    p = launch.plan_launch(1, 4, 2, 64, 2, 100, 64, 2, 132, 228 * 1024,
+                           launch.DecodeConfig.from_dict({"BLOCK_N": 32, "num_splits": 64, "num_stages": 1}))
+    assert (p.splits, p.num_stages, p.grid) == (4, 1, (2, 4, 1))
+
+
+# ---- the registered variant ----------------------------------------------------------------------------
+def _problem(**kw):
+    base = dict(batch=2, heads_q=8, heads_kv=2, seqlen_q=1, seqlen_kv=4096, head_dim=128, head_dim_v=128,
+                dtype="bfloat16", device_type="cuda")
+    return AttentionProblem(**{**base, **kw})
+
+
+def test_variant_registered_and_supports_reasons():
+    var = registry.get("triton_decode")
+    assert var.family == "triton" and var.exact
+    assert "attntune.kernels.triton_decode.jit" in var.source_modules
+    assert var.supports(_problem()) == []
+    assert var.supports(_problem(seqlen_q=16, causal=True, kv_lens=True)) == []
+    cases = {
+        "seqlen_q 17": dict(seqlen_q=17),
+        "forward only": dict(mode="fwd_bwd"),
+        "head_dim 512": dict(head_dim=512, head_dim_v=512),
+        "head_dim_v 64": dict(head_dim_v=64),
+        "window": dict(window=(128, 0)),
+        "top-left": dict(seqlen_q=4, causal=True, causal_align="top_left"),
+        "float64": dict(dtype="float64"),
+    }
+    for needle, kw in cases.items():
+        reasons = var.supports(_problem(**kw))
+        assert any(needle in r for r in reasons), (needle, reasons)
+    # top-left causal is the same mask when Sq == Skv and there are no kv_lens
+    assert var.supports(_problem(seqlen_q=8, seqlen_kv=8, causal=True, causal_align="top_left")) == []
+
+
+def test_variant_cpu_needs_interpreter(monkeypatch):
+    var = registry.get("triton_decode")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert any("CUDA" in r for r in var.supports(_problem(device_type="cpu")))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert var.supports(_problem(device_type="cpu")) == []
+
+
+def test_variant_space():
+    var = registry.get("triton_decode")
+    for p in (_problem(), _problem(heads_kv=1, heads_q=32, seqlen_q=16, head_dim=256, head_dim_v=256),
+              _problem(dtype="float32", head_dim=80, head_dim_v=80)):
+        sp = var.space(p)
+        assert sp.validate(sp.default) == [], (p.short(), sp.default)
+        assert sp.names == ("BLOCK_N", "num_splits", "num_warps", "num_stages")
+        n_valid = sum(1 for _ in sp.grid())
+        assert 0 < n_valid < sp.raw_size()  # the constraint removes something, not everything
+    big = var.space(_problem(heads_kv=1, heads_q=32, seqlen_q=16, head_dim=256, head_dim_v=256))
+    bad = {"BLOCK_N": 256, "num_splits": 1, "num_warps": 1, "num_stages": 4}
+    assert big.validate(bad)  # shared memory and registers
+    assert big.validate({**bad, "num_splits": 3}) and big.validate({**bad, "num_splits": "auto"})
+
+
+def test_variant_run_matches_reference():
+    var = registry.get("triton_decode")
+    q, k, v = rand_qkv(2, 4, 2, 2, 50, 64, dtype=torch.float16, device=DEV, seed=9)
+    lens = torch.tensor([50, 9], dtype=torch.int32, device=DEV)
+    p = problem_of(q, k, True, True)
+    assert registry.reasons(var, p) == []
+    out = var.run(q, k, v, p, var.space(p).first(), lens)
+    assert_close(out, reference_attention(q, k, v, p, lens), "float16")
+
+
+# ---- GPU grid ------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("b, s_max", [(8, 32), (1, 4096), (17, 1025)])
+@pytest.mark.parametrize("hkv", [1, 2, 8])
+@pytest.mark.parametrize("sq", [1, 4, 16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_grid(dtype, b, s_max, hkv, sq, causal):
+    q, k, v = rand_qkv(b, 8, hkv, sq, s_max, 128, dtype=dtype, device="cuda", seed=b + hkv + sq)
+    lens = lens_with_edges(b, s_max, seed=b * sq).cuda()
+    kp, vp = poison_padding(k, v, lens)
+    outs = [check(q, kp, vp, lens, causal, {"BLOCK_N": bn, "num_splits": ns, "num_warps": w, "num_stages": st},
+                  k, v) for bn, ns, w, st in ((64, 0, 4, 0), (64, 1, 4, 3), (32, 16, 4, 2), (128, 64, 8, 2))]
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], atol=2e-2 if dtype == torch.bfloat16 else 4e-3, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 80, 96, 128, 160, 256])
+@pytest.mark.parametrize("hq, hkv, sq", [(32, 8, 1), (32, 1, 16), (8, 8, 4)])
+def test_gpu_head_dims_and_groups(d, hq, hkv, sq):
+    q, k, v = rand_qkv(3, hq, hkv, sq, 1500, d, dtype=torch.bfloat16, device="cuda", seed=d)
+    lens = torch.tensor([1500, 1, 777], dtype=torch.int32, device="cuda")
+    check(q, k, v, lens, True, None)
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_exact_and_graph_capture():
+    q, k, v = rand_qkv(2, 32, 8, 1, 8192, 128, dtype=torch.float32, device="cuda", seed=1)
+    lens = torch.tensor([8192, 5000], dtype=torch.int32, device="cuda")
+    check(q, k, v, lens, False, None)
+    qh, kh, vh = q.half(), k.half(), v.half()
+    static_out = torch.empty_like(qh)
+    decode_attention(qh, kh, vh, kv_lens=lens, out=static_out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention(qh, kh, vh, kv_lens=lens, out=static_out)
+    lens.copy_(torch.tensor([100, 8000], dtype=torch.int32))  # new lengths, same graph
+    static_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference_attention(qh, kh, vh, problem_of(qh, kh, False, True), lens)
+    assert_close(static_out, ref, "float16")
