@@ -1,13 +1,15 @@
 """Optuna storage and studies: one study per key (``study_name`` = the key id) in a standard RDB
 storage, so a run can be resumed and inspected with ``optuna-dashboard <storage URL>``.
 
-Default storage: ``optuna.db`` next to the SQLite cache (``sqlite:///<cache dir>/optuna.db``). A study
+Default storage: ``optuna.db`` next to the SQLite cache (``sqlite:///<cache dir>/optuna.db``); with a
+PostgreSQL cache, the same database, schema ``attntune_optuna`` (:func:`default_storage_url`). A study
 keeps a ``signature`` user attribute (:meth:`SearchSpace.signature`); when the candidates, their source
 or the software versions changed, its trials describe other code and the study is started afresh.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -15,8 +17,9 @@ from typing import Optional
 
 import optuna
 from optuna.trial import TrialState
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from attntune.autotune.retry import retry_locked
 from attntune.cache.store import BUSY_TIMEOUT_MS, normalize_url
@@ -24,18 +27,51 @@ from attntune.cache.store import BUSY_TIMEOUT_MS, normalize_url
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial would drown the progress bar
 
 MEMORY = "memory"
+OPTUNA_SCHEMA = "attntune_optuna"
+OPTUNA_LOCK_KEY = 0x6F7074756E61  # PostgreSQL advisory lock id of storage set-up ("optuna")
 
 
 def default_storage_url(cache_url: str) -> str:
-    """``optuna.db`` next to a SQLite cache file; for a server database (PostgreSQL) the same URL (the
-    study tables are created beside the cache's — see :func:`open_storage`)."""
+    """``optuna.db`` next to a SQLite cache file. For a PostgreSQL cache, the same database with the
+    studies in their own schema (``OPTUNA_SCHEMA``: optuna's ``trials`` table would collide with the
+    cache's), selected by the libpq ``options`` parameter so the URL works as is in optuna-dashboard."""
     url = normalize_url(cache_url)
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         if not u.database or u.database == ":memory:":
             return MEMORY
         return f"sqlite:///{Path(u.database).parent / 'optuna.db'}"
+    if u.get_backend_name() == "postgresql" and "options" not in u.query:
+        u = u.update_query_dict({"options": f"-csearch_path={OPTUNA_SCHEMA}"})
+        return u.render_as_string(hide_password=False)
     return url
+
+
+def _pg_schema(u) -> Optional[str]:
+    m = re.search(r"search_path\s*=\s*([A-Za-z_][A-Za-z0-9_]*)", str(u.query.get("options", "")))
+    return m.group(1) if m else None
+
+
+def _open_pg(url: str, kwargs: dict):
+    # Serialise first use across a fleet: optuna creates its tables (and a version row) on open, and
+    # concurrent creations of one table fail on PostgreSQL. The schema of the search_path is created too.
+    u = make_url(url)
+    admin = create_engine(u.difference_update_query(["options"]), pool_pre_ping=True)
+    try:
+        with admin.connect() as c:
+            c.execute(text("SELECT pg_advisory_lock(:k)"), {"k": OPTUNA_LOCK_KEY})
+            c.commit()
+            try:
+                schema = _pg_schema(u)
+                if schema:
+                    c.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+                    c.commit()
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            finally:
+                c.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": OPTUNA_LOCK_KEY})
+                c.commit()
+    finally:
+        admin.dispose()
 
 
 def _sqlite_wal(path: str) -> None:
@@ -65,8 +101,10 @@ def open_storage(url: Optional[str]):
     last: Optional[BaseException] = None
     for i in range(8):
         try:
+            if u.get_backend_name() == "postgresql":
+                return _open_pg(url, kwargs)
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-        except (OperationalError, IntegrityError) as e:  # table/version rows created concurrently
+        except (OperationalError, IntegrityError, ProgrammingError) as e:  # tables created concurrently
             last = e
             time.sleep(0.1 * (i + 1))
     raise RuntimeError(f"cannot open optuna storage {url}: {last}")

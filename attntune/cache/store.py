@@ -22,6 +22,7 @@ from attntune.cache.schema import SCHEMA_VERSION, Base, Claim, Meta, Miss, Trial
 from attntune.key import TuneKey
 
 BUSY_TIMEOUT_MS = 30_000
+SCHEMA_LOCK_KEY = 0x617474756E65  # PostgreSQL advisory lock id of schema creation ("attune")
 
 
 class CacheError(RuntimeError):
@@ -98,7 +99,7 @@ class CacheStore:
                 if tables or self.readonly:
                     raise CacheError(f"{self.url}: not an attntune cache (no attntune_meta table)")
                 return
-            Base.metadata.create_all(self.engine)
+            self._create_tables()
             with self.session() as s:
                 try:
                     s.add(Meta(name="schema_version", value=str(SCHEMA_VERSION)))
@@ -114,9 +115,17 @@ class CacheStore:
         if version < SCHEMA_VERSION and not self.readonly:
             self._migrate(version)
 
+    def _create_tables(self) -> None:
+        with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                # Workers of a fleet open a fresh database at once; concurrent CREATE TABLEs of the same
+                # names fail on PostgreSQL, so first use is serialised (the lock ends with the transaction).
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK_KEY})
+            Base.metadata.create_all(conn)
+
     def _migrate(self, version: int) -> None:
         # Version 1 is the first schema; future steps go here, one per version.
-        Base.metadata.create_all(self.engine)
+        self._create_tables()
         with self.session() as s:
             s.merge(Meta(name="schema_version", value=str(SCHEMA_VERSION)))
             s.commit()
