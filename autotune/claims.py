@@ -39,20 +39,27 @@ def owner_id(worker: int = 0) -> str:
 
 def claim_state(store: CacheStore, key_id: str) -> Optional[dict]:
     """The key's claim row as a dict (owner, expires_at, done) or None."""
+
     def read():
         with store.session() as s:
             r = s.execute(select(Claim.__table__).where(Claim.key_id == key_id)).mappings().first()
         return dict(r) if r else None
+
     return retry_locked(read)
 
 
 def finish(store: CacheStore, key_id: str, owner: str) -> None:
     """Mark ``owner``'s claim done, with ``expires_at`` = now (the time it finished)."""
+
     def done():
         with store.session() as s:
-            s.execute(update(Claim).where(Claim.key_id == key_id, Claim.owner == owner)
-                      .values(done=1, expires_at=utcnow()))
+            s.execute(
+                update(Claim)
+                .where(Claim.key_id == key_id, Claim.owner == owner)
+                .values(done=1, expires_at=utcnow())
+            )
             s.commit()
+
     retry_locked(done)
 
 
@@ -61,8 +68,11 @@ def _clear_old_done(store: CacheStore, key_id: str, run_start: datetime) -> None
     # this run (see finish()).
     def clear():
         with store.session() as s:
-            s.execute(delete(Claim).where(Claim.key_id == key_id, Claim.done == 1, Claim.expires_at < run_start))
+            s.execute(
+                delete(Claim).where(Claim.key_id == key_id, Claim.done == 1, Claim.expires_at < run_start)
+            )
             s.commit()
+
     retry_locked(clear)
 
 

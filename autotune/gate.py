@@ -93,6 +93,7 @@ class GateResult:
 
 # ---- inputs and reference --------------------------------------------------------------------------
 
+
 def _kv_lens(problem: AttentionProblem, g: torch.Generator, device) -> torch.Tensor:
     b, skv = problem.batch, problem.seqlen_kv
     lens = torch.randint(1, max(skv, 1) + 1, (b,), generator=g, device=device, dtype=torch.int64)
@@ -144,18 +145,23 @@ def exact_matmul() -> Iterator[None]:
         torch.set_float32_matmul_precision(old)
 
 
-def chunked_reference(q, k, v, problem: AttentionProblem, kv_lens, ref_dtype: torch.dtype,
-                      dout: Optional[torch.Tensor] = None):
+def chunked_reference(
+    q, k, v, problem: AttentionProblem, kv_lens, ref_dtype: torch.dtype, dout: Optional[torch.Tensor] = None
+):
     """Reference output ``[B, Hq, Sq, Dv]`` (and dq, dk, dv when ``dout`` is given) in ``ref_dtype``,
     computed over chunks of batch elements and kv heads so that the materialised scores of one chunk
     stay under ``REF_CHUNK_BYTES`` (a 32k x 32k score matrix per head does not fit many times over)."""
     b_all, hkv_all, grp = problem.batch, problem.heads_kv, problem.group
     bwd = dout is not None
-    per_head = grp * max(problem.seqlen_q, 1) * max(problem.seqlen_kv, 1) * ref_dtype.itemsize * (6 if bwd else 4)
+    per_head = (
+        grp * max(problem.seqlen_q, 1) * max(problem.seqlen_kv, 1) * ref_dtype.itemsize * (6 if bwd else 4)
+    )
     budget = REF_CHUNK_BYTES.get(q.device.type, REF_CHUNK_BYTES["cpu"])
     hc = max(1, min(hkv_all, budget // per_head))
     bc = max(1, min(b_all, budget // (per_head * hkv_all))) if hc == hkv_all else 1
-    out = torch.empty(b_all, problem.heads_q, problem.seqlen_q, problem.head_dim_v, device=q.device, dtype=ref_dtype)
+    out = torch.empty(
+        b_all, problem.heads_q, problem.seqlen_q, problem.head_dim_v, device=q.device, dtype=ref_dtype
+    )
     grads = tuple(torch.empty(t.shape, device=q.device, dtype=ref_dtype) for t in (q, k, v)) if bwd else None
     with exact_matmul(), torch.enable_grad() if bwd else torch.no_grad():
         for b0 in range(0, b_all, bc):
@@ -163,7 +169,9 @@ def chunked_reference(q, k, v, problem: AttentionProblem, kv_lens, ref_dtype: to
             for h0 in range(0, hkv_all, hc):
                 h1 = min(h0 + hc, hkv_all)
                 qh = slice(h0 * grp, h1 * grp)
-                sub = problem.model_copy(update=dict(batch=b1 - b0, heads_q=(h1 - h0) * grp, heads_kv=h1 - h0))
+                sub = problem.model_copy(
+                    update=dict(batch=b1 - b0, heads_q=(h1 - h0) * grp, heads_kv=h1 - h0)
+                )
                 qs = q[b0:b1, qh].to(ref_dtype).requires_grad_(bwd)
                 ks = k[b0:b1, h0:h1].to(ref_dtype).requires_grad_(bwd)
                 vs = v[b0:b1, h0:h1].to(ref_dtype).requires_grad_(bwd)
@@ -180,6 +188,7 @@ def chunked_reference(q, k, v, problem: AttentionProblem, kv_lens, ref_dtype: to
 
 
 # ---- running a variant -----------------------------------------------------------------------------
+
 
 def _takes_out(variant: Variant) -> bool:
     try:
@@ -204,13 +213,17 @@ def run_variant(variant: Variant, config: Config, inp: GateInputs, q, k, v) -> t
     p = inp.problem
     kv_lens = inp.kv_lens if p.kv_lens else None
     if _takes_out(variant):
-        out = torch.full((p.batch, p.heads_q, p.seqlen_q, p.head_dim_v), float("nan"), device=q.device, dtype=q.dtype)
+        out = torch.full(
+            (p.batch, p.heads_q, p.seqlen_q, p.head_dim_v), float("nan"), device=q.device, dtype=q.dtype
+        )
         return variant.run(q, k, v, p, config, kv_lens, out=out)
     _poison_allocator(p.batch * p.heads_q * p.seqlen_q * p.head_dim_v * q.element_size(), q.device)
     return variant.run(q, k, v, p, config, kv_lens)
 
 
-def _compare(name: str, x: torch.Tensor, ref: torch.Tensor, tol: Tuple[float, float]) -> Tuple[float, Optional[str]]:
+def _compare(
+    name: str, x: torch.Tensor, ref: torch.Tensor, tol: Tuple[float, float]
+) -> Tuple[float, Optional[str]]:
     """Max abs error of ``x`` vs ``ref`` and, when some element is outside ``atol + rtol·|ref|``, why."""
     atol, rtol = tol
     err = (x.to(ref.dtype) - ref).abs_()
@@ -220,9 +233,11 @@ def _compare(name: str, x: torch.Tensor, ref: torch.Tensor, tol: Tuple[float, fl
     if not n_bad:
         return max_err, None
     idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-    return max_err, (f"{name}: {n_bad} of {bad.numel()} elements outside atol={atol:g} rtol={rtol:g} "
-                     f"(max abs error {max_err:.3g}; first at {list(idx)}: got {float(x[idx]):.4g}, "
-                     f"expected {float(ref[idx]):.4g})")
+    return max_err, (
+        f"{name}: {n_bad} of {bad.numel()} elements outside atol={atol:g} rtol={rtol:g} "
+        f"(max abs error {max_err:.3g}; first at {list(idx)}: got {float(x[idx]):.4g}, "
+        f"expected {float(ref[idx]):.4g})"
+    )
 
 
 def _finite(name: str, x: torch.Tensor) -> Optional[str]:
@@ -300,5 +315,13 @@ def classify_exception(e: BaseException) -> str:
 def cuda_context_lost(e: BaseException) -> bool:
     """True when the error leaves the CUDA context unusable (every later launch would fail too)."""
     msg = str(e).lower()
-    return any(s in msg for s in ("illegal memory access", "unspecified launch failure",
-                                  "device-side assert", "illegal instruction", "misaligned address"))
+    return any(
+        s in msg
+        for s in (
+            "illegal memory access",
+            "unspecified launch failure",
+            "device-side assert",
+            "illegal instruction",
+            "misaligned address",
+        )
+    )

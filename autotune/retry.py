@@ -30,5 +30,5 @@ def retry_locked(fn: Callable[..., T], *args, attempts: int = 8, **kwargs) -> T:
         except OperationalError as e:
             if not is_locked(e) or i == attempts - 1:
                 raise
-            time.sleep(0.05 * (2 ** i) * (0.5 + random.random()))
+            time.sleep(0.05 * (2**i) * (0.5 + random.random()))
     raise AssertionError("unreachable")

@@ -65,7 +65,9 @@ def resolve_keys(problems: Sequence[AttentionProblem], device: torch.device) -> 
     return out
 
 
-def _needs_tuning(raw: Optional[dict], force: bool, run_start: datetime) -> Tuple[bool, Optional[WinnerRecord], bool]:
+def _needs_tuning(
+    raw: Optional[dict], force: bool, run_start: datetime
+) -> Tuple[bool, Optional[WinnerRecord], bool]:
     """(tune it?, the valid existing record, must the upsert be forced?). A stale or rejected row is
     replaced (forced); a valid one is kept unless ``force`` and it predates this run."""
     if raw is None:
@@ -95,10 +97,19 @@ def _warm_stores(store: CacheStore, use_system: bool) -> List[CacheStore]:
     return out
 
 
-def run_worker(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheStore, None], storage: Optional[str],
-               options: SweepOptions, run_start: datetime, worker: int = 0, claim_ttl: float = CLAIM_TTL_S,
-               wait_for_others: bool = True, on_event: Optional[Event] = None,
-               use_system_cache: bool = True) -> List[KeyResult]:
+def run_worker(
+    problems: Sequence[AttentionProblem],
+    *,
+    cache: Union[str, CacheStore, None],
+    storage: Optional[str],
+    options: SweepOptions,
+    run_start: datetime,
+    worker: int = 0,
+    claim_ttl: float = CLAIM_TTL_S,
+    wait_for_others: bool = True,
+    on_event: Optional[Event] = None,
+    use_system_cache: bool = True,
+) -> List[KeyResult]:
     """Tune every key of ``problems`` that needs it, in this process. Keys claimed by another live
     worker are revisited until that worker finishes them or its claim expires (``wait_for_others``).
     Raises :class:`Interrupted` on Ctrl-C (claims released) and :class:`FatalDeviceError`."""
@@ -119,29 +130,40 @@ def run_worker(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheS
             for key in list(pending):
                 if options.time_up():
                     for k in pending:
-                        results.setdefault(k.key_id, KeyResult(key=k, status="unfinished", reason="time limit reached"))
+                        results.setdefault(
+                            k.key_id, KeyResult(key=k, status="unfinished", reason="time limit reached")
+                        )
                     return [results[k.key_id] for k in keys if k.key_id in results]
                 kid = key.key_id
-                need, existing, _ = _needs_tuning(retry_locked(store.raw_winner, kid), options.force, run_start)
+                need, existing, _ = _needs_tuning(
+                    retry_locked(store.raw_winner, kid), options.force, run_start
+                )
                 if not need:
-                    results[kid] = KeyResult(key=key, status="skipped", record=existing, reason="valid winner in cache")
+                    results[kid] = KeyResult(
+                        key=key, status="skipped", record=existing, reason="valid winner in cache"
+                    )
                     pending.remove(key)
                     emit({"type": "key_skipped", "key_id": kid, "key": key.short(), "worker": worker})
                     continue
                 if not claims.try_claim(store, kid, owner, claim_ttl, run_start):
                     st = claims.claim_state(store, kid)
                     if st is not None and st["done"]:
-                        results[kid] = KeyResult(key=key, status="done-elsewhere", reason=f"finished by {st['owner']}")
+                        results[kid] = KeyResult(
+                            key=key, status="done-elsewhere", reason=f"finished by {st['owner']}"
+                        )
                         pending.remove(key)
                         emit({"type": "key_skipped", "key_id": kid, "key": key.short(), "worker": worker})
                     elif wait_for_others:
                         waiting = True
                     else:
-                        results[kid] = KeyResult(key=key, status="unfinished", reason="claimed by another worker")
+                        results[kid] = KeyResult(
+                            key=key, status="unfinished", reason="claimed by another worker"
+                        )
                         pending.remove(key)
                     continue
-                results[kid] = _tune_claimed(key, store, optuna_storage, options, warm, owner, claim_ttl,
-                                             run_start, worker, emit)
+                results[kid] = _tune_claimed(
+                    key, store, optuna_storage, options, warm, owner, claim_ttl, run_start, worker, emit
+                )
                 pending.remove(key)
             if pending and waiting:
                 time.sleep(POLL_S)
@@ -153,14 +175,26 @@ def run_worker(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheS
     return [results[k.key_id] for k in keys if k.key_id in results]
 
 
-def _tune_claimed(key: TuneKey, store: CacheStore, storage, options: SweepOptions, warm, owner: str,
-                  claim_ttl: float, run_start: datetime, worker: int, emit: Event) -> KeyResult:
+def _tune_claimed(
+    key: TuneKey,
+    store: CacheStore,
+    storage,
+    options: SweepOptions,
+    warm,
+    owner: str,
+    claim_ttl: float,
+    run_start: datetime,
+    worker: int,
+    emit: Event,
+) -> KeyResult:
     """Tune a key this worker has claimed; finish (done) or release the claim however it ends."""
     kid = key.key_id
     finished = False
     try:
         # Another worker may have finished the key between our check and our claim.
-        need, existing, force_upsert = _needs_tuning(retry_locked(store.raw_winner, kid), options.force, run_start)
+        need, existing, force_upsert = _needs_tuning(
+            retry_locked(store.raw_winner, kid), options.force, run_start
+        )
         if not need:
             finished = True
             emit({"type": "key_skipped", "key_id": kid, "key": key.short(), "worker": worker})
@@ -168,17 +202,37 @@ def _tune_claimed(key: TuneKey, store: CacheStore, storage, options: SweepOption
         emit({"type": "key_start", "key_id": kid, "key": key.short(), "worker": worker})
         with claims.Heartbeat(store, kid, owner, claim_ttl) as hb:
             try:
-                res = KeyTuner(key, store, storage, options, warm_stores=warm, on_event=emit,
-                               force_upsert=force_upsert, lost=hb.lost.is_set).run()
+                res = KeyTuner(
+                    key,
+                    store,
+                    storage,
+                    options,
+                    warm_stores=warm,
+                    on_event=emit,
+                    force_upsert=force_upsert,
+                    lost=hb.lost.is_set,
+                ).run()
             except (KeyboardInterrupt, FatalDeviceError):
                 raise
             except Exception as e:  # noqa: BLE001 — a tuner bug or a lost database: report, go on
-                res = KeyResult(key=key, status="error",
-                                reason=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+                res = KeyResult(
+                    key=key,
+                    status="error",
+                    reason=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}",
+                )
         finished = res.status not in ("unfinished", "error")
-        emit({"type": "key_done", "key_id": kid, "key": key.short(), "worker": worker, "status": res.status,
-              "variant": res.record.variant if res.record else None,
-              "ms": res.record.median_ms if res.record else None, "reason": res.reason})
+        emit(
+            {
+                "type": "key_done",
+                "key_id": kid,
+                "key": key.short(),
+                "worker": worker,
+                "status": res.status,
+                "variant": res.record.variant if res.record else None,
+                "ms": res.record.median_ms if res.record else None,
+                "reason": res.reason,
+            }
+        )
         return res
     finally:
         try:
@@ -188,37 +242,67 @@ def _tune_claimed(key: TuneKey, store: CacheStore, storage, options: SweepOption
                 retry_locked(store.release_claim, kid, owner)
         except Exception:  # noqa: BLE001 — the claim then simply expires
             pass
+        if key.device.device_type == "cuda" and torch.cuda.is_initialized():
+            # Keys differ wildly in size: hand the last key's cached blocks back before the next one.
+            torch.cuda.empty_cache()
 
 
 # ---- multi-process --------------------------------------------------------------------------------
+
 
 def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
     """Body of a spawned worker process. Everything crosses the process boundary as JSON."""
     import signal
 
     problems = [AttentionProblem.model_validate_json(s) for s in payload["problems"]]
-    opts = SweepOptions(trials=payload["trials"], deadline=payload["deadline"], force=payload["force"],
-                        seed=payload["seed"], timing=TimingOptions(**payload["timing"]))
+    opts = SweepOptions(
+        trials=payload["trials"],
+        deadline=payload["deadline"],
+        force=payload["force"],
+        seed=payload["seed"],
+        timing=TimingOptions(**payload["timing"]),
+    )
 
     def emit(ev: Dict[str, Any]) -> None:
         q.put({**ev, "worker": worker})
 
     try:
-        res = run_worker(problems, cache=payload["cache"], storage=payload["storage"], options=opts,
-                         run_start=datetime.fromisoformat(payload["run_start"]), worker=worker,
-                         claim_ttl=payload["claim_ttl"], on_event=emit)
+        res = run_worker(
+            problems,
+            cache=payload["cache"],
+            storage=payload["storage"],
+            options=opts,
+            run_start=datetime.fromisoformat(payload["run_start"]),
+            worker=worker,
+            claim_ttl=payload["claim_ttl"],
+            on_event=emit,
+        )
         q.put({"type": "results", "worker": worker, "results": [r.model_dump_json() for r in res]})
     except Interrupted as e:
-        q.put({"type": "results", "worker": worker, "results": [r.model_dump_json() for r in e.results],
-               "interrupted": True})
+        q.put(
+            {
+                "type": "results",
+                "worker": worker,
+                "results": [r.model_dump_json() for r in e.results],
+                "interrupted": True,
+            }
+        )
     except BaseException as e:  # noqa: BLE001 — report, then die with a non-zero code
-        q.put({"type": "error", "worker": worker, "error": f"{type(e).__name__}: {e}",
-               "traceback": traceback.format_exc()})
+        q.put(
+            {
+                "type": "error",
+                "worker": worker,
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(),
+            }
+        )
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         raise SystemExit(1)
 
 
-def _run_processes(problems, assignments: List[Optional[str]], base: Dict[str, Any], emit: Event) -> List[KeyResult]:
+def _run_processes(
+    problems, assignments: List[Optional[str]], base: Dict[str, Any], emit: Event
+) -> List[KeyResult]:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -294,11 +378,22 @@ def _run_processes(problems, assignments: List[Optional[str]], base: Dict[str, A
 
 # ---- public API -----------------------------------------------------------------------------------
 
-def run_tuning(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheStore, None] = None,
-               storage: Optional[str] = None, trials: Optional[int] = None, time_limit: Optional[float] = None,
-               force: bool = False, workers: int = 1, gpus: Optional[Sequence[int]] = None, seed: int = 0,
-               claim_ttl: float = CLAIM_TTL_S, timing: Optional[TimingOptions] = None,
-               on_event: Optional[Event] = None) -> List[KeyResult]:
+
+def run_tuning(
+    problems: Sequence[AttentionProblem],
+    *,
+    cache: Union[str, CacheStore, None] = None,
+    storage: Optional[str] = None,
+    trials: Optional[int] = None,
+    time_limit: Optional[float] = None,
+    force: bool = False,
+    workers: int = 1,
+    gpus: Optional[Sequence[int]] = None,
+    seed: int = 0,
+    claim_ttl: float = CLAIM_TTL_S,
+    timing: Optional[TimingOptions] = None,
+    on_event: Optional[Event] = None,
+) -> List[KeyResult]:
     """Tune ``problems`` (concrete: dtype and device_type set, e.g. by :func:`suites.materialize`) into
     ``cache`` (a path/URL or an open :class:`CacheStore`; default the user cache).
 
@@ -314,7 +409,9 @@ def run_tuning(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheS
     dev_type = problems[0].device_type
     trials = trials or DEFAULT_TRIALS.get(dev_type, 12)
     deadline = time.time() + time_limit if time_limit else None
-    opts = SweepOptions(trials=trials, deadline=deadline, force=force, seed=seed, timing=timing or TimingOptions())
+    opts = SweepOptions(
+        trials=trials, deadline=deadline, force=force, seed=seed, timing=timing or TimingOptions()
+    )
     run_start = utcnow()
     cache_url = cache.url if isinstance(cache, CacheStore) else (cache or user_cache_url())
     if storage is None:
@@ -336,14 +433,30 @@ def run_tuning(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheS
     if assignments:
         if storage == MEMORY:
             raise ValueError("several workers need a shared optuna storage (a URL), not 'memory'")
-        base = {"problems": [p.model_dump_json() for p in problems], "cache": cache_url, "storage": storage,
-                "trials": trials, "deadline": deadline, "force": force, "seed": seed,
-                "timing": opts.timing.__dict__, "run_start": run_start.isoformat(), "claim_ttl": claim_ttl}
+        base = {
+            "problems": [p.model_dump_json() for p in problems],
+            "cache": cache_url,
+            "storage": storage,
+            "trials": trials,
+            "deadline": deadline,
+            "force": force,
+            "seed": seed,
+            "timing": opts.timing.__dict__,
+            "run_start": run_start.isoformat(),
+            "claim_ttl": claim_ttl,
+        }
         return _run_processes(problems, assignments, base, emit)
     if gpu_list and dev_type == "cuda":
         torch.cuda.set_device(gpu_list[0])
-    return run_worker(problems, cache=cache, storage=storage, options=opts, run_start=run_start,
-                      claim_ttl=claim_ttl, on_event=emit)
+    return run_worker(
+        problems,
+        cache=cache,
+        storage=storage,
+        options=opts,
+        run_start=run_start,
+        claim_ttl=claim_ttl,
+        on_event=emit,
+    )
 
 
 def _keys_for_count(problems, gpu_list) -> List[TuneKey]:
@@ -353,25 +466,58 @@ def _keys_for_count(problems, gpu_list) -> List[TuneKey]:
     return resolve_keys(problems, dev)
 
 
-def tune(problems: Sequence[AttentionProblem], *, cache: Union[str, CacheStore, None] = None,
-         storage: Optional[str] = None, trials: Optional[int] = None, time_limit: Optional[float] = None,
-         force: bool = False, workers: int = 1, gpus: Optional[Sequence[int]] = None, seed: int = 0,
-         on_event: Optional[Callable[[Dict[str, Any]], None]] = None, **kwargs) -> List[WinnerRecord]:
+def tune(
+    problems: Sequence[AttentionProblem],
+    *,
+    cache: Union[str, CacheStore, None] = None,
+    storage: Optional[str] = None,
+    trials: Optional[int] = None,
+    time_limit: Optional[float] = None,
+    force: bool = False,
+    workers: int = 1,
+    gpus: Optional[Sequence[int]] = None,
+    seed: int = 0,
+    on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
+    **kwargs,
+) -> List[WinnerRecord]:
     """Tune ``problems`` and return the winner of every key that has one after the run (newly tuned
     or kept from the cache), in problem order. See :func:`run_tuning` for the arguments."""
-    res = run_tuning(problems, cache=cache, storage=storage, trials=trials, time_limit=time_limit, force=force,
-                     workers=workers, gpus=gpus, seed=seed, on_event=on_event, **kwargs)
+    res = run_tuning(
+        problems,
+        cache=cache,
+        storage=storage,
+        trials=trials,
+        time_limit=time_limit,
+        force=force,
+        workers=workers,
+        gpus=gpus,
+        seed=seed,
+        on_event=on_event,
+        **kwargs,
+    )
     return [r.record for r in res if r.record is not None]
 
 
-def tune_one(problem: AttentionProblem, store: CacheStore, trials: int = 6, time_limit: float = 5.0,
-             storage: Optional[str] = MEMORY) -> Optional[WinnerRecord]:
+def tune_one(
+    problem: AttentionProblem,
+    store: CacheStore,
+    trials: int = 6,
+    time_limit: float = 5.0,
+    storage: Optional[str] = MEMORY,
+) -> Optional[WinnerRecord]:
     """Tune the key of one missed ``problem`` in place (the runtime's online policy), under ``trials``
     measured trials and ``time_limit`` seconds; writes the winner into ``store`` and returns it (None when
     nothing passed the gate, or another process holds the key's claim — it does not wait for it).
     Called off the hot path, on the caller's device; a key cut short by the time limit still gets the
     best of what was measured. No optuna storage by default (in-memory study)."""
     opts = SweepOptions(trials=trials, deadline=time.time() + time_limit, partial_ok=True)
-    res = run_worker([problem], cache=store, storage=storage, options=opts, run_start=utcnow(),
-                     wait_for_others=False, use_system_cache=False)
+    res = run_worker(
+        [problem],
+        cache=store,
+        storage=storage,
+        options=opts,
+        run_start=utcnow(),
+        wait_for_others=False,
+        use_system_cache=False,
+    )
     return res[0].record if res else None

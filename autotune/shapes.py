@@ -82,10 +82,19 @@ def _mode(field: str, raw: str) -> str:
 
 # spec field -> (AttentionProblem field, parser)
 _FIELDS: Dict[str, tuple] = {
-    "b": ("batch", _int), "hq": ("heads_q", _int), "hkv": ("heads_kv", _int), "sq": ("seqlen_q", _int),
-    "skv": ("seqlen_kv", _int), "d": ("head_dim", _int), "dv": ("head_dim_v", _int),
-    "causal": ("causal", _bool), "align": ("causal_align", _align), "window": ("window", _window),
-    "kv_lens": ("kv_lens", _bool), "dtype": ("dtype", _dtype), "mode": ("mode", _mode),
+    "b": ("batch", _int),
+    "hq": ("heads_q", _int),
+    "hkv": ("heads_kv", _int),
+    "sq": ("seqlen_q", _int),
+    "skv": ("seqlen_kv", _int),
+    "d": ("head_dim", _int),
+    "dv": ("head_dim_v", _int),
+    "causal": ("causal", _bool),
+    "align": ("causal_align", _align),
+    "window": ("window", _window),
+    "kv_lens": ("kv_lens", _bool),
+    "dtype": ("dtype", _dtype),
+    "mode": ("mode", _mode),
     "approx": ("approx", _bool),
 }
 _ALIASES = {"batch": "b", "h": "hq", "s": "sq"}
@@ -129,10 +138,9 @@ def parse_shape(spec: str, *, device_type: str, dtype: str, mode: Optional[str] 
         # The problem's own messages start with its field name; say the spec's name for it instead.
         for pf, sf in _BACK.items():
             if msg.startswith(pf + ":"):
-                msg = f"field {sf}:" + msg[len(pf) + 1:]
+                msg = f"field {sf}:" + msg[len(pf) + 1 :]
                 break
         else:
             if loc in _BACK:
                 msg = f"field {_BACK[loc]}: {msg}"
         raise ShapeSpecError(msg) from None
-

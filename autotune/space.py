@@ -76,14 +76,16 @@ class SearchSpace:
         """Inverse of :meth:`to_params` (for stored trials)."""
         name = params[VARIANT_PARAM]
         prefix = name + "."
-        return name, {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+        return name, {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
 
     def suggest(self, trial) -> Tuple[str, Config]:
         """Define-by-run sampling inside an optuna trial: the variant, then its parameters. Enqueued
         trials get their fixed values back from the same calls."""
         name = trial.suggest_categorical(VARIANT_PARAM, self.names)
         cand = self._by_name[name]
-        cfg = {p.name: trial.suggest_categorical(f"{name}.{p.name}", list(p.choices)) for p in cand.space.params}
+        cfg = {
+            p.name: trial.suggest_categorical(f"{name}.{p.name}", list(p.choices)) for p in cand.space.params
+        }
         return name, cfg
 
     # ---- enumeration --------------------------------------------------------------------------------
@@ -124,4 +126,3 @@ class SearchSpace:
             dom = [(p.name, [repr(x) for x in p.choices]) for p in c.space.params]
             parts.append(json.dumps([c.name, c.variant.source_hash(), dom]))
         return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
-

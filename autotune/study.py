@@ -110,13 +110,17 @@ def open_storage(url: Optional[str]):
     raise RuntimeError(f"cannot open optuna storage {url}: {last}")
 
 
-def open_study(storage, key_id: str, signature: str, sampler, label: str, fresh: bool = False) -> optuna.Study:
+def open_study(
+    storage, key_id: str, signature: str, sampler, label: str, fresh: bool = False
+) -> optuna.Study:
     """Load or create the key's study. ``fresh`` (``--force``) or a changed signature deletes the stored
     trials first. Trials left RUNNING by an interrupted or killed run are marked FAIL: the caller holds
     the key's claim, so nobody else is running them."""
+
     def create() -> optuna.Study:
-        return optuna.create_study(storage=storage, study_name=key_id, direction="minimize", sampler=sampler,
-                                   load_if_exists=True)
+        return optuna.create_study(
+            storage=storage, study_name=key_id, direction="minimize", sampler=sampler, load_if_exists=True
+        )
 
     study = retry_locked(create)
     old = study.user_attrs.get("signature")

@@ -18,12 +18,35 @@ from typing import Callable, Dict, List, Optional, Sequence
 from attntune.problem import AttentionProblem
 
 
-def _p(b: int, hq: int, hkv: int, sq: int, skv: int, d: int, *, causal: bool = False,
-       window=None, kv_lens: bool = False, mode: str = "fwd") -> AttentionProblem:
+def _p(
+    b: int,
+    hq: int,
+    hkv: int,
+    sq: int,
+    skv: int,
+    d: int,
+    *,
+    causal: bool = False,
+    window=None,
+    kv_lens: bool = False,
+    mode: str = "fwd",
+) -> AttentionProblem:
     """A template (placeholder dtype/device; see module docstring)."""
-    return AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_kv=skv, head_dim=d,
-                            head_dim_v=d, dtype="float32", device_type="cpu", causal=causal,
-                            window=window, kv_lens=kv_lens, mode=mode)
+    return AttentionProblem(
+        batch=b,
+        heads_q=hq,
+        heads_kv=hkv,
+        seqlen_q=sq,
+        seqlen_kv=skv,
+        head_dim=d,
+        head_dim_v=d,
+        dtype="float32",
+        device_type="cpu",
+        causal=causal,
+        window=window,
+        kv_lens=kv_lens,
+        mode=mode,
+    )
 
 
 @dataclass(frozen=True)
@@ -42,8 +65,8 @@ def _demo() -> List[AttentionProblem]:
     for s in (128, 256, 512):
         for causal in (False, True):
             out.append(_p(2, 4, 4, s, s, 64, causal=causal))
-    out.append(_p(2, 8, 2, 256, 256, 64, causal=True))                 # GQA 8/2
-    out.append(_p(4, 8, 2, 1, 512, 64, kv_lens=True))                  # decode-like: q_len 1, KV cache
+    out.append(_p(2, 8, 2, 256, 256, 64, causal=True))  # GQA 8/2
+    out.append(_p(4, 8, 2, 1, 512, 64, kv_lens=True))  # decode-like: q_len 1, KV cache
     return out
 
 
@@ -91,12 +114,22 @@ def _default() -> List[AttentionProblem]:
 
 def _decode() -> List[AttentionProblem]:
     out = []
-    for b, skv in ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (4, 8192), (8, 32768), (16, 2048),
-                   (32, 8192), (64, 4096), (128, 2048)):
+    for b, skv in (
+        (1, 1024),
+        (1, 8192),
+        (1, 32768),
+        (1, 131072),
+        (4, 8192),
+        (8, 32768),
+        (16, 2048),
+        (32, 8192),
+        (64, 4096),
+        (128, 2048),
+    ):
         out.append(_p(b, 32, 8, 1, skv, 128, kv_lens=True))
-    for b, skv in ((1, 8192), (16, 2048)):                              # MHA decode
+    for b, skv in ((1, 8192), (16, 2048)):  # MHA decode
         out.append(_p(b, 32, 32, 1, skv, 128, kv_lens=True))
-    out.append(_p(8, 64, 8, 1, 8192, 128, kv_lens=True))               # 70B-style GQA 64/8
+    out.append(_p(8, 64, 8, 1, 8192, 128, kv_lens=True))  # 70B-style GQA 64/8
     out.append(_p(8, 16, 16, 1, 4096, 64, kv_lens=True))
     out.append(_p(8, 32, 8, 4, 8192, 128, causal=True, kv_lens=True))  # speculative decoding: 4 queries
     return out
@@ -111,7 +144,7 @@ def _long() -> List[AttentionProblem]:
     out.append(_p(1, 16, 16, 16384, 16384, 64, causal=True))
     out.append(_p(1, 32, 8, 32768, 32768, 128, causal=True, window=(4096, 0)))
     out.append(_p(1, 32, 8, 16384, 16384, 128, causal=True, window=(1024, 0)))
-    out.append(_p(1, 32, 8, 4096, 32768, 128, causal=True))           # chunked prefill at long context
+    out.append(_p(1, 32, 8, 4096, 32768, 128, causal=True))  # chunked prefill at long context
     return out
 
 
@@ -140,14 +173,29 @@ def _seed() -> List[AttentionProblem]:
     return out
 
 
-SUITES: Dict[str, Suite] = {s.name: s for s in (
-    Suite("demo", "CPU-friendly: small fp32 problems (S 128-512, D64, causal and not, GQA, one decode)", _demo),
-    Suite("default", "GPU mix: prefill D64/80/96/128/256, chunked prefill, decode B1-64, sliding window", _default),
-    Suite("decode", "q_len 1 (and 4) over KV caches of 1k-128k with per-sequence lengths, B1-128", _decode),
-    Suite("long", "long context: S 16k-32k, causal, GQA, windows, chunked prefill", _long),
-    Suite("training", "forward+backward prefill shapes (mode fwd_bwd)", _training),
-    Suite("seed", "baseline shapes seq2048·b16, seq4096·b8, seq8192·b4 (H16 D64), fwd and fwd_bwd", _seed),
-)}
+SUITES: Dict[str, Suite] = {
+    s.name: s
+    for s in (
+        Suite(
+            "demo",
+            "CPU-friendly: small fp32 problems (S 128-512, D64, causal and not, GQA, one decode)",
+            _demo,
+        ),
+        Suite(
+            "default",
+            "GPU mix: prefill D64/80/96/128/256, chunked prefill, decode B1-64, sliding window",
+            _default,
+        ),
+        Suite(
+            "decode", "q_len 1 (and 4) over KV caches of 1k-128k with per-sequence lengths, B1-128", _decode
+        ),
+        Suite("long", "long context: S 16k-32k, causal, GQA, windows, chunked prefill", _long),
+        Suite("training", "forward+backward prefill shapes (mode fwd_bwd)", _training),
+        Suite(
+            "seed", "baseline shapes seq2048·b16, seq4096·b8, seq8192·b4 (H16 D64), fwd and fwd_bwd", _seed
+        ),
+    )
+}
 
 
 def get_suite(name: str) -> Suite:
@@ -162,8 +210,12 @@ def default_dtype(device_type: str) -> str:
     return "float32" if device_type == "cpu" else "bfloat16"
 
 
-def materialize(templates: Sequence[AttentionProblem], device_type: str, dtype: Optional[str] = None,
-                mode: Optional[str] = None) -> List[AttentionProblem]:
+def materialize(
+    templates: Sequence[AttentionProblem],
+    device_type: str,
+    dtype: Optional[str] = None,
+    mode: Optional[str] = None,
+) -> List[AttentionProblem]:
     """Concrete problems for ``device_type``: ``dtype`` (default :func:`default_dtype`) and ``mode``
     (default: each template's own) replace the template's. Re-validated; duplicates dropped."""
     dt = dtype or default_dtype(device_type)

@@ -129,7 +129,9 @@ def _free_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def neighbour_configs(key: TuneKey, space: SearchSpace, stores: Sequence[CacheStore], n: int) -> List[Tuple[str, dict]]:
+def neighbour_configs(
+    key: TuneKey, space: SearchSpace, stores: Sequence[CacheStore], n: int
+) -> List[Tuple[str, dict]]:
     """Winners of the ``n`` nearest other keys of ``key``'s family that are valid for this key's space,
     nearest first. Rows that do not judge valid are ignored."""
     found: List[Tuple[float, str, dict]] = []
@@ -168,9 +170,17 @@ def neighbour_configs(key: TuneKey, space: SearchSpace, stores: Sequence[CacheSt
 class KeyTuner:
     """Tunes one key into ``store``. Created per key by the runner (which holds the key's claim)."""
 
-    def __init__(self, key: TuneKey, store: CacheStore, storage, options: SweepOptions,
-                 warm_stores: Sequence[CacheStore] = (), on_event: Optional[Event] = None,
-                 force_upsert: bool = False, lost: Optional[Callable[[], bool]] = None):
+    def __init__(
+        self,
+        key: TuneKey,
+        store: CacheStore,
+        storage,
+        options: SweepOptions,
+        warm_stores: Sequence[CacheStore] = (),
+        on_event: Optional[Event] = None,
+        force_upsert: bool = False,
+        lost: Optional[Callable[[], bool]] = None,
+    ):
         self.key = key
         self.problem = key.representative()
         self.store = store
@@ -192,17 +202,21 @@ class KeyTuner:
         t0 = time.time()
         space = SearchSpace(self.problem)
         if not space.candidates:
-            reasons = "; ".join(f"{v.name}: {', '.join(r)}" for v, r in registry.explain_candidates(self.problem) if r)
+            reasons = "; ".join(
+                f"{v.name}: {', '.join(r)}" for v, r in registry.explain_candidates(self.problem) if r
+            )
             return KeyResult(key=self.key, status="no-winner", reason=f"no candidate variant ({reasons})")
         seed = key_seed(self.key.key_id, self.opt.seed)
         budget = max(1, self.opt.trials)
         grid_n = space.grid_size(budget)
         with warnings.catch_warnings():  # multivariate/group are "experimental" in optuna: say it once here
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                                 n_startup_trials=max(4, budget // 3))
-        study = open_study(self.storage, self.key.key_id, space.signature(), sampler, self.key.short(),
-                           fresh=self.opt.force)
+            sampler = optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, n_startup_trials=max(4, budget // 3)
+            )
+        study = open_study(
+            self.storage, self.key.key_id, space.signature(), sampler, self.key.short(), fresh=self.opt.force
+        )
         trials = study.get_trials(deepcopy=False)
         measured = [t for t in trials if t.user_attrs.get("measured")]
         tried = {config_id(*space.from_params(t.params)) for t in measured}
@@ -210,8 +224,11 @@ class KeyTuner:
             if t.state == TrialState.COMPLETE and t.value is not None and t.value < self.best_ms:
                 self.best_ms, self.best_variant = t.value, t.params.get("variant")
         queue: deque = deque()
-        for name, cfg in (neighbour_configs(self.key, space, self.warm_stores, self.opt.neighbours)
-                          + space.defaults() + (list(space.grid()) if grid_n is not None else [])):
+        for name, cfg in (
+            neighbour_configs(self.key, space, self.warm_stores, self.opt.neighbours)
+            + space.defaults()
+            + (list(space.grid()) if grid_n is not None else [])
+        ):
             if config_id(name, cfg) not in tried:
                 queue.append((name, cfg))
         n_measured = len(measured)
@@ -251,13 +268,24 @@ class KeyTuner:
                 if outcome.measured:
                     n_measured += 1
                 elif outcome.reason and outcome.reason.startswith("duplicate") and grid_n is None:
-                    untried = [nc for nc in itertools.islice(space.grid(), 4096) if config_id(*nc) not in tried]
+                    untried = [
+                        nc for nc in itertools.islice(space.grid(), 4096) if config_id(*nc) not in tried
+                    ]
                     if untried:
                         queue.append(rng.choice(untried))
-                self.emit({"type": "trial", "key_id": self.key.key_id, "key": self.key.short(),
-                           "n": n_measured, "budget": budget if grid_n is None else min(budget, grid_n),
-                           "variant": name, "status": outcome.status, "best_ms": self.best_ms,
-                           "best_variant": self.best_variant})
+                self.emit(
+                    {
+                        "type": "trial",
+                        "key_id": self.key.key_id,
+                        "key": self.key.short(),
+                        "n": n_measured,
+                        "budget": budget if grid_n is None else min(budget, grid_n),
+                        "variant": name,
+                        "status": outcome.status,
+                        "best_ms": self.best_ms,
+                        "best_variant": self.best_variant,
+                    }
+                )
         finally:
             spent = time.time() - t0  # cumulative over the runs that worked on this study
             try:
@@ -266,14 +294,26 @@ class KeyTuner:
             except Exception:  # noqa: BLE001 — bookkeeping only
                 pass
         if inputs_error is not None:
-            return KeyResult(key=self.key, status="error", reason=f"inputs/reference: {inputs_error}",
-                             trials=n_measured, seconds=time.time() - t0)
+            return KeyResult(
+                key=self.key,
+                status="error",
+                reason=f"inputs/reference: {inputs_error}",
+                trials=n_measured,
+                seconds=time.time() - t0,
+            )
         if unfinished and not self.opt.partial_ok:
-            return KeyResult(key=self.key, status="unfinished", reason=unfinished, trials=n_measured,
-                             seconds=time.time() - t0)
+            return KeyResult(
+                key=self.key,
+                status="unfinished",
+                reason=unfinished,
+                trials=n_measured,
+                seconds=time.time() - t0,
+            )
         return self._conclude(study, space, inputs, spent, t0, unfinished)
 
-    def _record_unmeasurable(self, study: optuna.Study, name: str, why: str, trials: List[FrozenTrial]) -> None:
+    def _record_unmeasurable(
+        self, study: optuna.Study, name: str, why: str, trials: List[FrozenTrial]
+    ) -> None:
         # A candidate whose space() raised still shows up in the study and the trial table, as failed
         # (once per study: a resumed run finds the earlier record).
         # Added as a finished trial (not ask/tell): ask() would pop a config enqueued by an earlier run.
@@ -304,9 +344,16 @@ class KeyTuner:
         return outcome, name, cfg
 
     def _tell(self, study: optuna.Study, trial, outcome: Outcome, name: str, cfg: dict) -> None:
-        attrs = {"variant": name, "config": json.dumps(cfg, sort_keys=True, default=str), "status": outcome.status,
-                 "reason": outcome.reason, "max_error": outcome.max_error, "rel_error": outcome.rel_error,
-                 "cheap_ms": outcome.cheap_ms, "measured": outcome.measured}
+        attrs = {
+            "variant": name,
+            "config": json.dumps(cfg, sort_keys=True, default=str),
+            "status": outcome.status,
+            "reason": outcome.reason,
+            "max_error": outcome.max_error,
+            "rel_error": outcome.rel_error,
+            "cheap_ms": outcome.cheap_ms,
+            "measured": outcome.measured,
+        }
         for k, v in attrs.items():
             retry_locked(trial.set_user_attr, k, v)
         if outcome.status == "ok":
@@ -345,16 +392,25 @@ class KeyTuner:
             if math.isfinite(self.best_ms) and name != BASELINE:
                 cheap = timer.cheap(fn, grads)
             if cheap is not None and cheap > PRUNE_RATIO * self.best_ms:
-                why = (f"early stop: first measurement {cheap:.4g} ms > {PRUNE_RATIO}x the best so far "
-                       f"({self.best_ms:.4g} ms, {self.best_variant})")
-                return Outcome("pruned", why + (f"; {g.reason}" if g.reason else ""), cheap_ms=cheap,
-                               max_error=g.max_error, rel_error=g.rel_error)
+                why = (
+                    f"early stop: first measurement {cheap:.4g} ms > {PRUNE_RATIO}x the best so far "
+                    f"({self.best_ms:.4g} ms, {self.best_variant})"
+                )
+                return Outcome(
+                    "pruned",
+                    why + (f"; {g.reason}" if g.reason else ""),
+                    cheap_ms=cheap,
+                    max_error=g.max_error,
+                    rel_error=g.rel_error,
+                )
             ms = timer.full(fn, grads)
         except Exception as e:  # noqa: BLE001
             return self._failure(e)
         if not (ms > 0 and math.isfinite(ms)):
             return Outcome("failed", f"timing returned {ms!r} ms")
-        return Outcome("ok", g.reason, median_ms=ms, cheap_ms=cheap, max_error=g.max_error, rel_error=g.rel_error)
+        return Outcome(
+            "ok", g.reason, median_ms=ms, cheap_ms=cheap, max_error=g.max_error, rel_error=g.rel_error
+        )
 
     def _failure(self, e: Exception) -> Outcome:
         reason = gate.classify_exception(e)
@@ -366,8 +422,15 @@ class KeyTuner:
         return Outcome("failed", reason)
 
     # ---- the result ---------------------------------------------------------------------------------
-    def _conclude(self, study: optuna.Study, space: SearchSpace, inputs, spent: float, t0: float,
-                  unfinished: Optional[str]) -> KeyResult:
+    def _conclude(
+        self,
+        study: optuna.Study,
+        space: SearchSpace,
+        inputs,
+        spent: float,
+        t0: float,
+        unfinished: Optional[str],
+    ) -> KeyResult:
         trials = study.get_trials(deepcopy=False)
         summaries = [_summary(t) for t in trials if t.state != TrialState.WAITING]
         measured = [t for t in trials if t.user_attrs.get("measured")]
@@ -376,8 +439,14 @@ class KeyTuner:
         retry_locked(self.store.add_trials, self.key.key_id, summaries)
         if not ok:
             why = "every candidate failed the gate or crashed" if measured else "nothing measured"
-            return KeyResult(key=self.key, status="unfinished" if unfinished else "no-winner", reason=unfinished or why, trials=len(measured), failed=n_failed,
-                             seconds=time.time() - t0)
+            return KeyResult(
+                key=self.key,
+                status="unfinished" if unfinished else "no-winner",
+                reason=unfinished or why,
+                trials=len(measured),
+                failed=n_failed,
+                seconds=time.time() - t0,
+            )
         best = ok[0]
         bname, bcfg = space.from_params(best.params)
         runner, runner_ms = self._runner_up(trials, ok, bname)
@@ -387,16 +456,32 @@ class KeyTuner:
         p = self.problem
         variant = space.get(bname).variant
         rec = WinnerRecord(
-            key=self.key, variant=bname, config=bcfg, median_ms=ms,
-            tflops=p.flops() / (ms * 1e-3) / 1e12, tbps=p.bytes_moved() / (ms * 1e-3) / 1e12,
-            runner_up=rname, runner_up_config=rcfg, runner_up_ms=runner_ms,
-            sdpa_default_ms=base_ms, max_error=best.user_attrs.get("max_error"),
+            key=self.key,
+            variant=bname,
+            config=bcfg,
+            median_ms=ms,
+            tflops=p.flops() / (ms * 1e-3) / 1e12,
+            tbps=p.bytes_moved() / (ms * 1e-3) / 1e12,
+            runner_up=rname,
+            runner_up_config=rcfg,
+            runner_up_ms=runner_ms,
+            sdpa_default_ms=base_ms,
+            max_error=best.user_attrs.get("max_error"),
             fingerprint=software_fingerprint(variant.source_hash(), p.device_type),
-            trials=len(measured), tuning_seconds=round(spent, 3), created_at=utcnow(),
+            trials=len(measured),
+            tuning_seconds=round(spent, 3),
+            created_at=utcnow(),
         )
         retry_locked(self.store.upsert_winner, rec, force=self.force_upsert)
-        return KeyResult(key=self.key, status="tuned", record=rec, trials=len(measured), failed=n_failed,
-                         reason=unfinished, seconds=time.time() - t0)
+        return KeyResult(
+            key=self.key,
+            status="tuned",
+            record=rec,
+            trials=len(measured),
+            failed=n_failed,
+            reason=unfinished,
+            seconds=time.time() - t0,
+        )
 
     @staticmethod
     def _runner_up(trials: List[FrozenTrial], ok: List[FrozenTrial], winner: str):
@@ -406,8 +491,16 @@ class KeyTuner:
         other = [t for t in ok[1:] if t.params.get("variant") != winner]
         if other:
             return other[0], float(other[0].value)
-        stopped = sorted((t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get("cheap_ms")
-                          and t.params.get("variant") not in (None, winner)), key=lambda t: t.user_attrs["cheap_ms"])
+        stopped = sorted(
+            (
+                t
+                for t in trials
+                if t.state == TrialState.PRUNED
+                and t.user_attrs.get("cheap_ms")
+                and t.params.get("variant") not in (None, winner)
+            ),
+            key=lambda t: t.user_attrs["cheap_ms"],
+        )
         if stopped:
             return stopped[0], float(stopped[0].user_attrs["cheap_ms"])
         if len(ok) > 1:
@@ -451,6 +544,11 @@ def _summary(t: FrozenTrial) -> Dict[str, Any]:
         status, reason = "failed", "interrupted"
     else:
         reason = ua.get("reason")
-    return {"variant": ua.get("variant") or t.params.get("variant", "?"), "config": cfg, "status": status,
-            "reason": reason, "median_ms": t.value if status == "ok" else ua.get("cheap_ms"),
-            "max_error": ua.get("max_error")}
+    return {
+        "variant": ua.get("variant") or t.params.get("variant", "?"),
+        "config": cfg,
+        "status": status,
+        "reason": reason,
+        "median_ms": t.value if status == "ok" else ua.get("cheap_ms"),
+        "max_error": ua.get("max_error"),
+    }

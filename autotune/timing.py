@@ -42,8 +42,16 @@ class TimingOptions:
     @classmethod
     def quick(cls) -> "TimingOptions":
         """Few repetitions: smoke tests and CI, where ranking precision does not matter."""
-        return cls(gpu_warmup_ms=2.0, gpu_rep_ms=10.0, gpu_cheap_reps=2, cpu_warmup=1, cpu_min_reps=3,
-                   cpu_max_reps=10, cpu_target_s=0.02, cpu_cheap_reps=2)
+        return cls(
+            gpu_warmup_ms=2.0,
+            gpu_rep_ms=10.0,
+            gpu_cheap_reps=2,
+            cpu_warmup=1,
+            cpu_min_reps=3,
+            cpu_max_reps=10,
+            cpu_target_s=0.02,
+            cpu_cheap_reps=2,
+        )
 
 
 def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Callable[[], None], list]:
@@ -55,9 +63,11 @@ def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Calla
     kv_lens = inp.kv_lens if p.kv_lens else None
     q, k, v = inp.leaves()
     if not grads:
+
         def fwd() -> None:
             with torch.no_grad():
                 variant.run(q, k, v, p, config, kv_lens)
+
         return fwd, []
     dout = inp.dout
 
@@ -65,6 +75,7 @@ def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Calla
         for t in (q, k, v):
             t.grad = None
         variant.run(q, k, v, p, config, kv_lens).backward(dout)
+
     return fwd_bwd, [q, k, v]
 
 
@@ -80,16 +91,18 @@ class Timer:
         up). Not do_bench: its runtime estimate alone costs 6 calls, seconds for a slow eager variant."""
         if self.device.type == "cuda":
             return self._gpu_events(fn, grad_to_none, reps=self.opt.gpu_cheap_reps)
-        return self._cpu(fn, warmup=1, min_reps=self.opt.cpu_cheap_reps, max_reps=self.opt.cpu_cheap_reps,
-                         target_s=0.0)
+        return self._cpu(
+            fn, warmup=1, min_reps=self.opt.cpu_cheap_reps, max_reps=self.opt.cpu_cheap_reps, target_s=0.0
+        )
 
     def full(self, fn: Callable[[], None], grad_to_none: list) -> float:
         """The recorded measurement (ms): median over many calls."""
         if self.device.type == "cuda":
             return self._gpu(fn, grad_to_none, warmup=self.opt.gpu_warmup_ms, rep=self.opt.gpu_rep_ms)
         o = self.opt
-        return self._cpu(fn, warmup=o.cpu_warmup, min_reps=o.cpu_min_reps, max_reps=o.cpu_max_reps,
-                         target_s=o.cpu_target_s)
+        return self._cpu(
+            fn, warmup=o.cpu_warmup, min_reps=o.cpu_min_reps, max_reps=o.cpu_max_reps, target_s=o.cpu_target_s
+        )
 
     def _gpu(self, fn, grad_to_none, warmup: float, rep: float) -> float:
         from triton.testing import do_bench  # GPU path only: keep triton out of CPU-only imports

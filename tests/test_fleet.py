@@ -38,8 +38,17 @@ def _builtin_candidates(monkeypatch):
 
 
 def prob(b=1, s=16) -> AttentionProblem:
-    return AttentionProblem(batch=b, heads_q=2, heads_kv=2, seqlen_q=s, seqlen_kv=s, head_dim=16, head_dim_v=16,
-                            dtype="float32", device_type="cpu")
+    return AttentionProblem(
+        batch=b,
+        heads_q=2,
+        heads_kv=2,
+        seqlen_q=s,
+        seqlen_kv=s,
+        head_dim=16,
+        head_dim_v=16,
+        dtype="float32",
+        device_type="cpu",
+    )
 
 
 def key_of(p: AttentionProblem) -> TuneKey:
@@ -75,22 +84,31 @@ def cache_url(request, tmp_path):
 
 def measured_counts(storage_url: str, key: TuneKey) -> Counter:
     study = optuna.load_study(study_name=key.key_id, storage=storage_url)
-    return Counter(t.user_attrs["variant"] + t.user_attrs["config"]
-                   for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured"))
+    return Counter(
+        t.user_attrs["variant"] + t.user_attrs["config"]
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get("measured")
+    )
 
 
 def test_four_workers_on_one_cache_tune_every_key_exactly_once(cache_url):
     problems = [prob(b, s) for b in (1, 2) for s in (16, 24, 32, 48, 64)]
     events = []
-    results = run_tuning(problems, cache=cache_url, workers=4, timing=QUICK, claim_ttl=30, on_event=events.append)
+    results = run_tuning(
+        problems, cache=cache_url, workers=4, timing=QUICK, claim_ttl=30, on_event=events.append
+    )
     assert not [e for e in events if e["type"] == "worker_errors"]
-    assert sorted(r.status for r in results) == ["tuned"] * len(problems), [(r.status, r.reason) for r in results]
+    assert sorted(r.status for r in results) == ["tuned"] * len(problems), [
+        (r.status, r.reason) for r in results
+    ]
     store = CacheStore(cache_url)
     assert store.count() == len(problems)  # no lost winner
     storage = default_storage_url(cache_url)
     for p in problems:
         counts = measured_counts(storage, key_of(p))
-        assert len(counts) == 3 and set(counts.values()) == {1}, counts  # tuned once: no config measured twice
+        assert len(counts) == 3 and set(counts.values()) == {1}, (
+            counts
+        )  # tuned once: no config measured twice
         assert len(store.trials(key_of(p).key_id)) == 3
     started = Counter(e["key_id"] for e in events if e["type"] == "key_start")
     assert len(started) == len(problems) and set(started.values()) == {1}
@@ -103,7 +121,7 @@ def test_four_workers_on_one_cache_tune_every_key_exactly_once(cache_url):
 
 
 # A fleet host: `attntune tune` with one extra variant that hangs (as a stuck kernel would) when HANG=1.
-WORKER_SCRIPT = '''
+WORKER_SCRIPT = """
 import json, os, sys, time
 from pathlib import Path
 
@@ -139,14 +157,26 @@ res = run_worker(problems, cache=cache, storage=default_storage_url(cache),
                  options=SweepOptions(timing=TimingOptions.quick()), run_start=utcnow(),
                  worker=int(os.environ["WORKER"]), claim_ttl=float(os.environ["TTL"]))
 print("RESULTS " + json.dumps([json.loads(r.model_dump_json()) for r in res]))
-'''
+"""
 
 
 def _spawn(script: Path, problems, cache: str, worker: int, hang: bool, marker: Path) -> subprocess.Popen:
-    env = dict(os.environ, CACHE=cache, WORKER=str(worker), TTL="2", HANG="1" if hang else "0",
-               MARKER=str(marker), ATTNTUNE_VARIANTS=BUILTIN + ",t_hang")
-    return subprocess.Popen([sys.executable, str(script), json.dumps([p.model_dump_json() for p in problems])],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ,
+        CACHE=cache,
+        WORKER=str(worker),
+        TTL="2",
+        HANG="1" if hang else "0",
+        MARKER=str(marker),
+        ATTNTUNE_VARIANTS=BUILTIN + ",t_hang",
+    )
+    return subprocess.Popen(
+        [sys.executable, str(script), json.dumps([p.model_dump_json() for p in problems])],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_worker_killed_mid_key_leaves_its_key_to_another(cache_url, tmp_path):
@@ -205,13 +235,21 @@ def test_export_import_round_trips_between_sqlite_and_postgresql(tmp_path, pg_ur
         assert res.exit_code == 0, res.output
         assert "imported 3 rows" in res.output
 
+    def by_key(doc: dict) -> list:
+        return sorted(doc["records"], key=lambda r: json.dumps(r["key"], sort_keys=True))
+
+    def rows(cache: str) -> dict:
+        store = CacheStore(cache)
+        out = {r["key_id"]: r for r in store.raw_winners()}
+        store.dispose()
+        return out
+
     from_sqlite = export(sqlite_a, "a.json")
     assert len(from_sqlite["records"]) == 3
     import_(tmp_path / "a.json", pg_url)
     from_pg = export(pg_url, "pg.json")
-    by_id = lambda doc: sorted(doc["records"], key=lambda r: json.dumps(r["key"], sort_keys=True))
-    assert by_id(from_pg) == by_id(from_sqlite)
+    assert by_key(from_pg) == by_key(from_sqlite)
     import_(tmp_path / "pg.json", sqlite_b)
-    assert by_id(export(sqlite_b, "b.json")) == by_id(from_sqlite)
-    assert sorted(CacheStore(pg_url).raw_winners(), key=lambda r: r["key_id"])[0]["created_at"] == \
-        sorted(CacheStore(sqlite_a).raw_winners(), key=lambda r: r["key_id"])[0]["created_at"]
+    assert by_key(export(sqlite_b, "b.json")) == by_key(from_sqlite)
+    # every column of every row, as stored: floats, JSON text, timestamps (microseconds) alike
+    assert rows(pg_url) == rows(sqlite_a) == rows(sqlite_b)

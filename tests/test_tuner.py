@@ -11,7 +11,6 @@ from datetime import timedelta
 import optuna
 import pytest
 import torch
-import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from attntune.autotune import gate
@@ -23,10 +22,10 @@ from attntune.autotune.study import default_storage_url
 from attntune.autotune.sweep import SweepOptions
 from attntune.autotune.suites import SUITES, materialize
 from attntune.autotune.timing import TimingOptions
-from attntune.cache import CacheStore, judge, utcnow
+from attntune.cache import CacheStore, WinnerRecord, judge, utcnow
 from attntune.cache.models import record_to_row
 from attntune.cli import app
-from attntune.device import DeviceFingerprint, SoftwareFingerprint, device_fingerprint
+from attntune.device import DeviceFingerprint, SoftwareFingerprint, device_fingerprint, software_fingerprint
 from attntune.kernels import registry
 from attntune.kernels.base import Param, Space, Variant
 from attntune.kernels.reference import masked_softmax_attention
@@ -50,8 +49,18 @@ def allow(monkeypatch, *names):
 
 
 def prob(b=2, hq=4, hkv=4, sq=64, skv=64, d=32, **kw) -> AttentionProblem:
-    return AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_kv=skv, head_dim=d,
-                            head_dim_v=d, dtype="float32", device_type="cpu", **kw)
+    return AttentionProblem(
+        batch=b,
+        heads_q=hq,
+        heads_kv=hkv,
+        seqlen_q=sq,
+        seqlen_kv=skv,
+        head_dim=d,
+        head_dim_v=d,
+        dtype="float32",
+        device_type="cpu",
+        **kw,
+    )
 
 
 def key_of(p: AttentionProblem) -> TuneKey:
@@ -153,9 +162,11 @@ class Tunable(_TestVariant):
     calls: Counter = Counter()
 
     def space(self, problem):
-        return Space(params=(Param("a", (1, 2, 4, 8)), Param("b", (1, 2, 4, 8)), Param("c", (0, 1, 2, 3))),
-                     constraint=lambda cfg: [f"a*b={cfg['a'] * cfg['b']} > 8"] if cfg["a"] * cfg["b"] > 8 else [],
-                     default={"a": 2, "b": 2, "c": 0})
+        return Space(
+            params=(Param("a", (1, 2, 4, 8)), Param("b", (1, 2, 4, 8)), Param("c", (0, 1, 2, 3))),
+            constraint=lambda cfg: [f"a*b={cfg['a'] * cfg['b']} > 8"] if cfg["a"] * cfg["b"] > 8 else [],
+            default={"a": 2, "b": 2, "c": 0},
+        )
 
     def run(self, q, k, v, problem, config, kv_lens=None):
         Tunable.calls[json.dumps(config, sort_keys=True)] += 1
@@ -210,6 +221,7 @@ def measured_counts(storage_url: str, key: TuneKey) -> Counter:
 
 # ---- a full tune through the CLI ------------------------------------------------------------------
 
+
 def test_cli_tune_suite_writes_valid_winners_that_show_lists(tmp_path):
     cache = str(tmp_path / "c.db")
     res = runner.invoke(app, ["tune", "--suite", "demo", "--cache", cache, "--device", "cpu", "--quick"])
@@ -229,7 +241,9 @@ def test_cli_tune_suite_writes_valid_winners_that_show_lists(tmp_path):
         p = rec.key.representative()
         assert rec.tflops == pytest.approx(p.flops() / (rec.median_ms * 1e-3) / 1e12)
         for t in store.trials(rec.key_id):  # the CPU torch variants are all correct: ok, or slower
-            assert t["status"] == "ok" or (t["status"] == "pruned" and t["reason"].startswith("early stop")), t
+            assert t["status"] == "ok" or (
+                t["status"] == "pruned" and t["reason"].startswith("early stop")
+            ), t
     # the optuna studies sit next to the cache, one per key, openable as plain RDB storage
     assert default_storage_url(cache).endswith("/optuna.db")
     assert len(optuna.get_all_study_summaries(default_storage_url(cache))) == n
@@ -239,6 +253,7 @@ def test_cli_tune_suite_writes_valid_winners_that_show_lists(tmp_path):
 
 
 # ---- losing for the right reason ------------------------------------------------------------------
+
 
 def test_bad_variants_lose_for_the_recorded_reason(tmp_path, monkeypatch, register):
     register(Throws(), Wrong(), Slow(), Unwritten(), BadSpace())
@@ -294,7 +309,9 @@ def test_approximate_variants_only_when_allowed_and_record_their_error(tmp_path,
     assert rel == pytest.approx(0.02, rel=1e-3)
 
 
-def test_large_space_uses_tpe_prunes_invalid_configs_and_never_measures_twice(tmp_path, monkeypatch, register):
+def test_large_space_uses_tpe_prunes_invalid_configs_and_never_measures_twice(
+    tmp_path, monkeypatch, register
+):
     register(Tunable())
     Tunable.calls.clear()
     monkeypatch.setenv("ATTNTUNE_VARIANTS", "sdpa_default,t_tunable")
@@ -316,7 +333,36 @@ def test_large_space_uses_tpe_prunes_invalid_configs_and_never_measures_twice(tm
     assert {"a": 2, "b": 2, "c": 0} in [json.loads(r["config_json"]) for r in measured]  # the default first
 
 
+def test_warm_start_tries_the_nearest_tuned_neighbours_winners_first(tmp_path, monkeypatch, register):
+    register(Tunable())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_tunable")
+    store = CacheStore(tmp_path / "c.db")
+    fp = software_fingerprint(registry.get("t_tunable").source_hash(), "cpu")
+
+    def winner(p, cfg):
+        store.upsert_winner(
+            WinnerRecord(
+                key=key_of(p),
+                variant="t_tunable",
+                config=cfg,
+                median_ms=1.0,
+                fingerprint=fp,
+                created_at=utcnow(),
+            )
+        )
+
+    winner(prob(sq=64, skv=64), {"a": 1, "b": 8, "c": 3})  # nearest
+    winner(prob(sq=16, skv=16), {"a": 8, "b": 1, "c": 2})  # next nearest
+    winner(prob(sq=96, skv=96, causal=True), {"a": 4, "b": 2, "c": 1})  # other family: never a neighbour
+    new = prob(sq=96, skv=96)
+    tune([new], cache=store, trials=4, timing=QUICK)
+    study = optuna.load_study(study_name=key_of(new).key_id, storage=default_storage_url(store.url))
+    first = [json.loads(t.user_attrs["config"]) for t in study.get_trials(deepcopy=False)[:3]]
+    assert first == [{"a": 1, "b": 8, "c": 3}, {"a": 8, "b": 1, "c": 2}, {"a": 2, "b": 2, "c": 0}]
+
+
 # ---- resume -----------------------------------------------------------------------------------------
+
 
 def test_interrupt_then_resume_tunes_each_key_once(tmp_path, monkeypatch, register):
     register(Interrupter())
@@ -326,8 +372,18 @@ def test_interrupt_then_resume_tunes_each_key_once(tmp_path, monkeypatch, regist
     problems = [prob(sq=s, skv=s) for s in (16, 32, 48, 64)]
     keys = [key_of(p) for p in problems]
     Interrupter.seen, Interrupter.armed, Interrupter.at = [], True, 3
-    res = runner.invoke(app, ["tune", "--cache", cache, "--device", "cpu", "--quick",
-                              *sum((["--shape", f"b=2,hq=4,sq={s},d=32"] for s in (16, 32, 48, 64)), [])])
+    res = runner.invoke(
+        app,
+        [
+            "tune",
+            "--cache",
+            cache,
+            "--device",
+            "cpu",
+            "--quick",
+            *sum((["--shape", f"b=2,hq=4,sq={s},d=32"] for s in (16, 32, 48, 64)), []),
+        ],
+    )
     assert res.exit_code == 130, res.output
     assert "interrupted" in res.output
     store = CacheStore(cache)
@@ -377,10 +433,14 @@ def test_force_and_stale_rows_are_retuned(tmp_path):
     # --force re-measures a valid key from scratch
     [forced] = tune([p], cache=store, timing=QUICK, force=True)
     assert forced.created_at > new.created_at
-    assert json.loads(store.raw_winner(rec.key_id)["fingerprint_json"])["torch"] == torch.__version__.split("+")[0]
+    assert (
+        json.loads(store.raw_winner(rec.key_id)["fingerprint_json"])["torch"]
+        == torch.__version__.split("+")[0]
+    )
 
 
 # ---- workers and claims -----------------------------------------------------------------------------
+
 
 def test_two_worker_processes_on_one_sqlite_cache_lose_nothing(tmp_path):
     cache = str(tmp_path / "c.db")
@@ -396,6 +456,7 @@ def test_two_worker_processes_on_one_sqlite_cache_lose_nothing(tmp_path):
         assert len(counts) == 4 and set(counts.values()) == {1}, counts
     with store.session() as s:
         from attntune.cache.schema import Claim
+
         claims = s.query(Claim).all()
     assert len(claims) == len(problems) and all(c.done == 1 for c in claims)
     started = Counter(ev["key_id"] for ev in events if ev["type"] == "key_start")
@@ -406,35 +467,55 @@ def test_two_worker_processes_on_one_sqlite_cache_lose_nothing(tmp_path):
 def test_claims_are_respected_and_expired_claims_taken_over(tmp_path):
     store = CacheStore(tmp_path / "c.db")
     busy, dead = prob(sq=16, skv=16), prob(sq=32, skv=32)
-    assert store.claim(key_of(busy).key_id, "other-host:1:0", 600)   # a live worker
+    assert store.claim(key_of(busy).key_id, "other-host:1:0", 600)  # a live worker
     assert store.claim(key_of(dead).key_id, "other-host:2:0", 0.01)  # a worker that died
     time.sleep(0.05)
-    res = run_worker([busy, dead], cache=store, storage="memory", options=SweepOptions(timing=QUICK),
-                     run_start=utcnow(), wait_for_others=False)
+    res = run_worker(
+        [busy, dead],
+        cache=store,
+        storage="memory",
+        options=SweepOptions(timing=QUICK),
+        run_start=utcnow(),
+        wait_for_others=False,
+    )
     st = {r.key_id: r.status for r in res}
     assert st[key_of(busy).key_id] == "unfinished"
     assert st[key_of(dead).key_id] == "tuned"
     assert store.raw_winner(key_of(busy).key_id) is None
     # a done claim from an earlier run does not block a new run
-    store.upsert_winner(judge(store.raw_winner(key_of(dead).key_id), "u").record.model_copy(
-        update={"fingerprint": SoftwareFingerprint(torch="1.0.0")}), force=True)
-    res = run_worker([dead], cache=store, storage="memory", options=SweepOptions(timing=QUICK),
-                     run_start=utcnow() + timedelta(seconds=200), wait_for_others=False)
+    store.upsert_winner(
+        judge(store.raw_winner(key_of(dead).key_id), "u").record.model_copy(
+            update={"fingerprint": SoftwareFingerprint(torch="1.0.0")}
+        ),
+        force=True,
+    )
+    res = run_worker(
+        [dead],
+        cache=store,
+        storage="memory",
+        options=SweepOptions(timing=QUICK),
+        run_start=utcnow() + timedelta(seconds=200),
+        wait_for_others=False,
+    )
     assert res[0].status == "tuned"
 
 
 # ---- CLI details ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec, field", [
-    ("hq=4,sq=x,d=8", "field sq"),
-    ("hq=32,hkv=5,sq=4,d=8", "field hkv"),
-    ("hq=4,sq=4", "field d"),
-    ("hq=4,sq=4,d=8,bogus=1", "unknown field 'bogus'"),
-    ("hq=4,sq=4,d=8,window=3", "field window"),
-    ("hq=4,sq=4,d=8,causal=maybe", "field causal"),
-    ("hq=4,sq=4,d=8,dtype=int8", "field dtype"),
-    ("hq=4,sq=4,d=0", "field d"),
-])
+
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ("hq=4,sq=x,d=8", "field sq"),
+        ("hq=32,hkv=5,sq=4,d=8", "field hkv"),
+        ("hq=4,sq=4", "field d"),
+        ("hq=4,sq=4,d=8,bogus=1", "unknown field 'bogus'"),
+        ("hq=4,sq=4,d=8,window=3", "field window"),
+        ("hq=4,sq=4,d=8,causal=maybe", "field causal"),
+        ("hq=4,sq=4,d=8,dtype=int8", "field dtype"),
+        ("hq=4,sq=4,d=0", "field d"),
+    ],
+)
 def test_shape_spec_errors_name_the_field(spec, field):
     with pytest.raises(ShapeSpecError, match=field):
         parse_shape(spec, device_type="cpu", dtype="float32")
@@ -444,14 +525,32 @@ def test_shape_spec_errors_name_the_field(spec, field):
 
 
 def test_shape_spec_parses_every_field():
-    p = parse_shape("b=4,hq=32,hkv=8,sq=2048,skv=4096,d=128,dv=64,causal=1,align=tl,window=256:0,kv_lens=1,"
-                    "dtype=bfloat16,mode=fwd_bwd,approx=1", device_type="cpu", dtype="float32")
+    p = parse_shape(
+        "b=4,hq=32,hkv=8,sq=2048,skv=4096,d=128,dv=64,causal=1,align=tl,window=256:0,kv_lens=1,"
+        "dtype=bfloat16,mode=fwd_bwd,approx=1",
+        device_type="cpu",
+        dtype="float32",
+    )
     assert (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_kv, p.head_dim, p.head_dim_v) == (
-        4, 32, 8, 2048, 4096, 128, 64)
+        4,
+        32,
+        8,
+        2048,
+        4096,
+        128,
+        64,
+    )
     assert p.causal and p.causal_align == "top_left" and p.window == (256, 0) and p.kv_lens
     assert p.dtype == "bfloat16" and p.mode == "fwd_bwd" and p.approx
     q = parse_shape("hq=8,sq=100,d=64", device_type="cpu", dtype="float16", mode="fwd_bwd")
-    assert (q.batch, q.heads_kv, q.seqlen_kv, q.head_dim_v, q.dtype, q.mode) == (1, 8, 100, 64, "float16", "fwd_bwd")
+    assert (q.batch, q.heads_kv, q.seqlen_kv, q.head_dim_v, q.dtype, q.mode) == (
+        1,
+        8,
+        100,
+        64,
+        "float16",
+        "fwd_bwd",
+    )
 
 
 def test_from_misses_tunes_this_devices_misses_and_clears_them(tmp_path):

@@ -5,18 +5,27 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 import typer
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from attntune.cli import app
 from attntune.cli.common import console, err_console, fmt_ms
 
-SHAPE_HELP = ("One problem as field=value pairs (repeatable), e.g. "
-              "b=4,hq=32,hkv=8,sq=2048,skv=2048,d=128,causal=1,window=256:0,kv_lens=1,dtype=bfloat16. "
-              "Fields: b, hq, hkv (default hq), sq, skv (default sq), d, dv (default d), causal 0/1, "
-              "align br|tl, window LEFT:RIGHT (-1 unbounded), kv_lens 0/1, dtype, mode fwd|fwd_bwd, approx 0/1. "
-              "hq, sq and d are required.")
+SHAPE_HELP = (
+    "One problem as field=value pairs (repeatable), e.g. "
+    "b=4,hq=32,hkv=8,sq=2048,skv=2048,d=128,causal=1,window=256:0,kv_lens=1,dtype=bfloat16. "
+    "Fields: b, hq, hkv (default hq), sq, skv (default sq), d, dv (default d), causal 0/1, "
+    "align br|tl, window LEFT:RIGHT (-1 unbounded), kv_lens 0/1, dtype, mode fwd|fwd_bwd, approx 0/1. "
+    "hq, sq and d are required."
+)
 
 
 def _device(name: Optional[str]):
@@ -104,41 +113,72 @@ def _summary(results) -> Table:
     for r in results:
         rec = r.record
         sp = rec.speedup if rec else None
-        status = r.status if not r.reason or r.status == "tuned" else f"{r.status}: {r.reason.splitlines()[0]}"
-        t.add_row(r.key.short(), rec.variant if rec else "-", fmt_ms(rec.median_ms) if rec else "-",
-                  f"{sp:.2f}x" if sp else "-", str(r.trials if r.status != "skipped" else (rec.trials if rec else 0)),
-                  str(r.failed), status)
+        status = (
+            r.status if not r.reason or r.status == "tuned" else f"{r.status}: {r.reason.splitlines()[0]}"
+        )
+        t.add_row(
+            r.key.short(),
+            rec.variant if rec else "-",
+            fmt_ms(rec.median_ms) if rec else "-",
+            f"{sp:.2f}x" if sp else "-",
+            str(r.trials if r.status != "skipped" else (rec.trials if rec else 0)),
+            str(r.failed),
+            status,
+        )
     return t
 
 
 @app.command()
 def tune(
-    suite: Optional[str] = typer.Option(None, "--suite", help="Suite to tune (see `attntune suites`). "
-                                        "Default: `default` on a GPU, `demo` on the CPU."),
+    suite: Optional[str] = typer.Option(
+        None,
+        "--suite",
+        help="Suite to tune (see `attntune suites`). Default: `default` on a GPU, `demo` on the CPU.",
+    ),
     shape: Optional[List[str]] = typer.Option(None, "--shape", help=SHAPE_HELP),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, float16, bfloat16 (default: float32 "
-                                        "on the CPU, bfloat16 on a GPU)."),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", help="float32, float16, bfloat16 (default: float32 on the CPU, bfloat16 on a GPU)."
+    ),
     mode: Optional[str] = typer.Option(None, "--mode", help="fwd or fwd_bwd: override the suite's modes."),
-    cache: Optional[str] = typer.Option(None, "--cache", help="Target cache path or SQLAlchemy URL "
-                                        "(default: the user cache, ATTNTUNE_CACHE)."),
-    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: optuna.db "
-                                          "next to the cache); open it with optuna-dashboard. 'memory': none."),
-    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Measured trials per key "
-                                         "(default 24 on a GPU, 12 on the CPU)."),
-    time_limit: Optional[float] = typer.Option(None, "--time-limit", min=1, help="Wall seconds for the whole "
-                                               "run; the key in progress is resumed by the next run."),
-    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices, one worker process each (default: "
-                                       "all visible GPUs)."),
+    cache: Optional[str] = typer.Option(
+        None, "--cache", help="Target cache path or SQLAlchemy URL (default: the user cache, ATTNTUNE_CACHE)."
+    ),
+    storage: Optional[str] = typer.Option(
+        None,
+        "--storage",
+        help="Optuna storage URL (default: optuna.db "
+        "next to the cache); open it with optuna-dashboard. 'memory': none.",
+    ),
+    trials: Optional[int] = typer.Option(
+        None, "--trials", min=1, help="Measured trials per key (default 24 on a GPU, 12 on the CPU)."
+    ),
+    time_limit: Optional[float] = typer.Option(
+        None,
+        "--time-limit",
+        min=1,
+        help="Wall seconds for the whole run; the key in progress is resumed by the next run.",
+    ),
+    gpus: Optional[str] = typer.Option(
+        None, "--gpus", help="GPU indices, one worker process each (default: all visible GPUs)."
+    ),
     workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (on one GPU, or the CPU)."),
-    from_misses: bool = typer.Option(False, "--from-misses", help="Tune the keys recorded as misses at run "
-                                     "time in the cache (and clear them)."),
+    from_misses: bool = typer.Option(
+        False,
+        "--from-misses",
+        help="Tune the keys recorded as misses at run time in the cache (and clear them).",
+    ),
     force: bool = typer.Option(False, "--force", help="Re-tune keys that already have a valid winner."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the inputs and the samplers."),
-    claim_ttl: float = typer.Option(120.0, "--claim-ttl", min=1, help="Seconds before a dead worker's key "
-                                    "claim expires and another worker retakes the key."),
-    quick: bool = typer.Option(False, "--quick", help="Few timing repetitions (smoke tests, CI): faster, "
-                               "less precise rankings."),
+    claim_ttl: float = typer.Option(
+        120.0,
+        "--claim-ttl",
+        min=1,
+        help="Seconds before a dead worker's key claim expires and another worker retakes the key.",
+    ),
+    quick: bool = typer.Option(
+        False, "--quick", help="Few timing repetitions (smoke tests, CI): faster, less precise rankings."
+    ),
 ) -> None:
     """Tune attention variants for a suite of problem keys (or given shapes) on this machine.
 
@@ -148,6 +188,7 @@ def tune(
     from attntune.autotune.runner import Interrupted, run_tuning
     from attntune.autotune.shapes import ShapeSpecError, parse_shape
     from attntune.autotune.suites import default_dtype, get_suite, materialize
+    from attntune.autotune.sweep import FatalDeviceError
     from attntune.autotune.timing import TimingOptions
     from attntune.cache import CacheStore, user_cache_url
     from attntune.problem import DTYPES
@@ -179,8 +220,9 @@ def tune(
         problems = []
         for spec in shape:
             try:
-                problems.append(parse_shape(spec, device_type=dev.type, dtype=dtype or default_dtype(dev.type),
-                                            mode=mode))
+                problems.append(
+                    parse_shape(spec, device_type=dev.type, dtype=dtype or default_dtype(dev.type), mode=mode)
+                )
             except ShapeSpecError as e:
                 raise typer.BadParameter(f"{spec!r}: {e}", param_hint="--shape") from None
     else:
@@ -191,25 +233,53 @@ def tune(
             raise typer.BadParameter(str(e.args[0]), param_hint="--suite") from None
         problems = materialize(templates, dev.type, dtype, mode)
 
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                        TextColumn("{task.fields[best]}"), console=console, transient=False)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[best]}"),
+        console=console,
+        transient=False,
+    )
     view = _ProgressView(progress)
     interrupted = False
     try:
         with progress:
-            results = run_tuning(problems, cache=cache_url, storage=storage, trials=trials, time_limit=time_limit,
-                                 force=force, workers=workers, gpus=gpu_list, seed=seed, claim_ttl=claim_ttl,
-                                 timing=TimingOptions.quick() if quick else None, on_event=view)
+            results = run_tuning(
+                problems,
+                cache=cache_url,
+                storage=storage,
+                trials=trials,
+                time_limit=time_limit,
+                force=force,
+                workers=workers,
+                gpus=gpu_list,
+                seed=seed,
+                claim_ttl=claim_ttl,
+                timing=TimingOptions.quick() if quick else None,
+                on_event=view,
+            )
     except Interrupted as e:
         results, interrupted = e.results, True
+    except FatalDeviceError as e:
+        err_console.print(
+            f"[red]{e}[/red]\nThe failing config is recorded as a failed trial; run the same "
+            "command again to continue in a fresh process."
+        )
+        raise typer.Exit(1)
     except ValueError as e:
         err_console.print(f"[red]{e}[/red]")
         raise typer.Exit(2)
     console.print(_summary(results))
     tuned = sum(r.status == "tuned" for r in results)
-    console.print(f"{tuned} keys tuned, {sum(r.status == 'skipped' for r in results)} already valid, "
-                  f"{sum(r.status == 'no-winner' for r in results)} without any passing variant; cache {cache_url}")
+    console.print(
+        f"{tuned} keys tuned, {sum(r.status == 'skipped' for r in results)} already valid, "
+        f"{sum(r.status == 'no-winner' for r in results)} without any passing variant; cache {cache_url}"
+    )
     if from_misses:
         done = [r.key_id for r in results if r.record is not None and r.key_id in set(miss_ids)]
         if done:
@@ -220,8 +290,10 @@ def tune(
     for e in view.errors:
         err_console.print(f"[red]{e}[/red]")
     if interrupted:
-        console.print("[yellow]interrupted[/yellow]: finished keys are kept; run the same command again to "
-                      "resume the rest.")
+        console.print(
+            "[yellow]interrupted[/yellow]: finished keys are kept; run the same command again to "
+            "resume the rest."
+        )
         raise typer.Exit(130)
     if view.errors:
         raise typer.Exit(1)
@@ -235,8 +307,15 @@ def suites(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     from attntune.autotune.suites import SUITES
 
     if as_json:
-        print(json.dumps({n: {"description": s.description, "problems": len(s.templates())}
-                          for n, s in SUITES.items()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    n: {"description": s.description, "problems": len(s.templates())}
+                    for n, s in SUITES.items()
+                },
+                indent=2,
+            )
+        )
         return
     t = Table(title="attntune suites")
     for c in ("suite", "problems", "description"):
