@@ -117,6 +117,8 @@ def constraint_reasons(config: Config, head_dim: int, dtype: torch.dtype, arch: 
     bd, es, limit = block_d(head_dim), _elem(dtype), smem_limit(arch)
     out = []
     bm, bn, w, s = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"], config["num_stages"]
+    if bm == 32 and w != 4:  # H200, D=128 bf16: 32-row blocks with 8 warps ran 6-7x slower than the best
+        out.append("BLOCK_M=32 takes 4 warps")
     smem = fwd_smem_bytes(bm, bn, bd, es, s)
     if smem > limit:
         out.append(f"forward shared memory ~{smem} B > {limit} B on {arch}")
