@@ -257,6 +257,11 @@ def test_variants_registered_with_reasons(monkeypatch):
     assert any("head_dim_v" in r for r in flash.supports(_problem().model_copy(update={"head_dim_v": 16})))
     assert any("float64" in r for r in flash.supports(_problem().model_copy(update={"dtype": "float64"})))
     assert flash.supports(_problem().model_copy(update={"approx": True})) == []
+    from attntune.kernels.triton_flash import variant as variant_mod
+
+    monkeypatch.setattr(variant_mod, "HAS_TRITON", False)
+    assert any("triton" in r for r in flash.supports(_problem()))
+    monkeypatch.undo()
     if not HAS_GPU:
         monkeypatch.delenv("TRITON_INTERPRET")
         assert any("CUDA" in r for r in flash.supports(_problem()))
@@ -314,7 +319,9 @@ def test_declared_space_configs_are_valid(shape, kw):
     """Configs of the declared space (a spread sample on the CPU, all of them on a GPU) compute the
     right result on awkward shapes. Forward and backward configs launch independently, so each
     forward config and each distinct backward config is walked once."""
-    q, k, v = qkv(*shape)
+    # fp16 on the GPU (the configs are meant for tensor cores; exact-fp32 dots take minutes to compile
+    # for the large blocks), fp32 on the CPU (interpreter)
+    q, k, v = qkv(*shape, dtype=torch.float16 if HAS_GPU else torch.float32)
     prob = problem_from_tensors(q, k, v, mode="fwd_bwd", **kw)
     space = registry.get("triton_flash").space(prob)
     fwd_space = registry.get("triton_flash").space(prob.model_copy(update={"mode": "fwd"}))

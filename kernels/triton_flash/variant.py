@@ -16,14 +16,13 @@ MAX_HEAD_DIM = 256
 FWD_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 BWD_KEYS = ("BWD_BLOCK_M", "BWD_BLOCK_N", "BWD_WARPS", "BWD_STAGES")
 HIP_KEYS = ("waves_per_eu", "matrix_instr_nonkdim")
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+# hashed into the tuned rows' fingerprint; the Triton-importing modules only where Triton exists
+# (hashing imports them), so that supports() can still say "triton is not installed"
 SOURCE_MODULES = (
-    "attntune.kernels.triton_flash.jit_fwd",
-    "attntune.kernels.triton_flash.jit_bwd",
-    "attntune.kernels.triton_flash.launch",
-    "attntune.kernels.triton_flash.op",
-    "attntune.kernels.triton_flash.space",
-    "attntune.kernels.triton_flash.variant",
-)
+    ("attntune.kernels.triton_flash.jit_fwd", "attntune.kernels.triton_flash.jit_bwd",
+     "attntune.kernels.triton_flash.launch", "attntune.kernels.triton_flash.op") if HAS_TRITON else ()
+) + ("attntune.kernels.triton_flash.space", "attntune.kernels.triton_flash.variant")
 
 
 def flash_reasons(problem: AttentionProblem) -> List[str]:
@@ -34,7 +33,7 @@ def flash_reasons(problem: AttentionProblem) -> List[str]:
             out.append("needs a CUDA/ROCm device (or TRITON_INTERPRET=1 on the CPU)")
     elif problem.device_type != "cuda":
         out.append(f"needs a CUDA/ROCm device, got {problem.device_type}")
-    if importlib.util.find_spec("triton") is None:
+    if not HAS_TRITON:
         out.append("triton is not installed")
     if problem.dtype not in ("float16", "bfloat16", "float32"):
         out.append(f"{problem.dtype} not supported (float16, bfloat16, float32)")
