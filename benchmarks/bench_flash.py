@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Dict, List, Optional
 
 import torch
 
@@ -45,19 +44,32 @@ SDPA_BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
 # --dry-run: tiny versions of the cases on the CPU under the Triton interpreter (checks this script,
 # not speed); everything else targets "cuda"
 DEV = "cuda"
-TINY = [("tiny-fwd", 1, 2, 2, 64, 32, "float16", True, None, "fwd", False),
-        ("tiny-window-fwdbwd", 1, 2, 1, 64, 32, "float32", True, (16, 0), "fwd_bwd", False),
-        ("tiny-fp32-tf32", 1, 2, 2, 48, 32, "float32", False, None, "fwd", True)]
-MATH_MAX_SCORES = 2 ** 31  # the math backend materialises B*H*S*S scores: skip it above this
+TINY = [
+    ("tiny-fwd", 1, 2, 2, 64, 32, "float16", True, None, "fwd", False),
+    ("tiny-window-fwdbwd", 1, 2, 1, 64, 32, "float32", True, (16, 0), "fwd_bwd", False),
+    ("tiny-fp32-tf32", 1, 2, 2, 48, 32, "float32", False, None, "fwd", True),
+]
+MATH_MAX_SCORES = 2**31  # the math backend materialises B*H*S*S scores: skip it above this
 
 
 def problem_of(case):
     from attntune.problem import AttentionProblem
 
-    name, b, hq, hkv, s, d, dt, causal, window, mode, _ = case
-    return AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_kv=s, head_dim=d,
-                            head_dim_v=d, dtype=dt, device_type=DEV, causal=causal, window=window,
-                            mode=mode)
+    _name, b, hq, hkv, s, d, dt, causal, window, mode, _ = case
+    return AttentionProblem(
+        batch=b,
+        heads_q=hq,
+        heads_kv=hkv,
+        seqlen_q=s,
+        seqlen_kv=s,
+        head_dim=d,
+        head_dim_v=d,
+        dtype=dt,
+        device_type=DEV,
+        causal=causal,
+        window=window,
+        mode=mode,
+    )
 
 
 def inputs(prob, seed=0, requires_grad=False):
@@ -67,16 +79,18 @@ def inputs(prob, seed=0, requires_grad=False):
     def r(*shape):
         return torch.randn(*shape, device=DEV, dtype=dt, generator=g).requires_grad_(requires_grad)
 
-    return (r(prob.batch, prob.heads_q, prob.seqlen_q, prob.head_dim),
-            r(prob.batch, prob.heads_kv, prob.seqlen_kv, prob.head_dim),
-            r(prob.batch, prob.heads_kv, prob.seqlen_kv, prob.head_dim))
+    return (
+        r(prob.batch, prob.heads_q, prob.seqlen_q, prob.head_dim),
+        r(prob.batch, prob.heads_kv, prob.seqlen_kv, prob.head_dim),
+        r(prob.batch, prob.heads_kv, prob.seqlen_kv, prob.head_dim),
+    )
 
 
 def set_precision(tf32: bool):
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
-def split(cfg: Dict):
+def split(cfg: dict):
     fwd = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
     bwd = {k: cfg[k] for k in cfg if k.startswith("BWD")} or None
     return fwd, bwd
@@ -86,7 +100,7 @@ def ours_fn(q, k, v, prob, cfg, do=None):
     from attntune.kernels.triton_flash.op import flash_attention
 
     fwd, bwd = split(cfg)
-    kw = dict(causal=prob.causal, window=prob.window, config=fwd, bwd_config=bwd)
+    kw = {"causal": prob.causal, "window": prob.window, "config": fwd, "bwd_config": bwd}
     if do is None:
         return lambda: flash_attention(q, k, v, **kw)
     return lambda: flash_attention(q, k, v, **kw).backward(do)
@@ -106,11 +120,11 @@ def _compile_worker(args):
         for cfg in cfgs:
             try:
                 ours_fn(q, k, v, prob, cfg, do)()
-            except Exception:  # recorded again (with the message) by the timing pass
+            except Exception:  # noqa: BLE001 — recorded again (with the message) by the timing pass
                 bad += 1
         torch.cuda.synchronize()
         return bad
-    except Exception:
+    except Exception:  # noqa: BLE001 — a failed baseline is reported, not fatal
         return -1
 
 
@@ -119,12 +133,12 @@ def precompile(jobs, workers: int):
     flat = [(case, cfg) for case, cfgs in jobs for cfg in cfgs]
     if not flat or workers <= 1:
         return
-    chunks: Dict[int, list] = {}
+    chunks: dict[int, list] = {}
     for i, (case, cfg) in enumerate(flat):
         chunks.setdefault(i % workers, []).append((case, cfg))
     tasks = []
     for items in chunks.values():
-        by_case: Dict[str, tuple] = {}
+        by_case: dict[str, tuple] = {}
         for case, cfg in items:
             by_case.setdefault(case[0], (case, []))[1].append(cfg)
         tasks.extend(by_case.values())
@@ -142,21 +156,28 @@ def bench(fn, rep=100, grad_to_none=None) -> float:
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e3
-    return float(triton.testing.do_bench(fn, warmup=10, rep=rep, grad_to_none=grad_to_none,
-                                         return_mode="median"))
+    return float(
+        triton.testing.do_bench(fn, warmup=10, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+    )
 
 
-def likely_fast_first(cfgs: List[dict], default: dict) -> List[dict]:
+def likely_fast_first(cfgs: list[dict], default: dict) -> list[dict]:
     """The default first, then larger row blocks and more warps first (on the H200 the best forward
     configs were 128-row blocks with 8 warps; 32-row blocks were 1.6-7x slower), so that a sweep cut
     short by the time budget has still timed the likely winners."""
     rest = [c for c in cfgs if c != default]
-    rest.sort(key=lambda c: (-c.get("BLOCK_M", 0), -c.get("num_warps", 0), -c.get("BWD_BLOCK_N", 0),
-                             -c.get("BWD_WARPS", 0)))
+    rest.sort(
+        key=lambda c: (
+            -c.get("BLOCK_M", 0),
+            -c.get("num_warps", 0),
+            -c.get("BWD_BLOCK_N", 0),
+            -c.get("BWD_WARPS", 0),
+        )
+    )
     return ([default] if default in cfgs else []) + rest
 
 
-def sweep(fn_of_cfg, cfgs, rep, grad_to_none=None, deadline=None) -> List[dict]:
+def sweep(fn_of_cfg, cfgs, rep, grad_to_none=None, deadline=None) -> list[dict]:
     out = []
     for i, cfg in enumerate(cfgs):
         if deadline is not None and time.time() > deadline and i > 0:  # the first one always runs
@@ -164,21 +185,24 @@ def sweep(fn_of_cfg, cfgs, rep, grad_to_none=None, deadline=None) -> List[dict]:
             continue
         try:
             out.append({"config": cfg, "ms": bench(fn_of_cfg(cfg), rep=rep, grad_to_none=grad_to_none)})
-        except Exception as e:  # a failing config is a measurement, not a crash (out of resources…)
+        except Exception as e:  # noqa: BLE001 — a failing config is a measurement, not a crash (out of resources…)
             out.append({"config": cfg, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
     return out
 
 
 def sdpa_fn(q, k, v, prob, backend: str, do=None):
     import torch.nn.functional as F
+    from attntune.kernels.masks import build_mask, needs_mask
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from attntune.kernels.masks import build_mask, needs_mask
-
     mask = build_mask(prob, q.device) if needs_mask(prob) else None
-    kw = dict(attn_mask=mask, is_causal=prob.causal and mask is None, enable_gqa=prob.group > 1)
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-          "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}.get(backend)
+    kw = {"attn_mask": mask, "is_causal": prob.causal and mask is None, "enable_gqa": prob.group > 1}
+    be = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }.get(backend)
 
     def f():
         if be is None:
@@ -223,7 +247,7 @@ def flex_fn(q, k, v, prob, do=None):
     return f
 
 
-def max_error_vs_fp64(prob, fns: Dict[str, callable], q, k, v) -> Dict[str, float]:
+def max_error_vs_fp64(prob, fns: dict[str, callable], q, k, v) -> dict[str, float]:
     """Max |out - fp64 reference| on batch element 0 (keeps the fp64 score matrix to a few GB)."""
     from attntune.kernels.reference import reference_attention
 
@@ -233,7 +257,7 @@ def max_error_vs_fp64(prob, fns: Dict[str, callable], q, k, v) -> Dict[str, floa
     for name, fn in fns.items():
         try:
             out[name] = float((fn()[:1].double() - ref).abs().max())
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 — a failed baseline is reported, not fatal
             out[name] = f"{type(e).__name__}: {e}"
     del ref
     return out
@@ -243,18 +267,33 @@ def max_error_vs_fp64(prob, fns: Dict[str, callable], q, k, v) -> Dict[str, floa
 def environment() -> dict:
     import triton
 
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-           "hip": torch.version.hip, "cudnn": torch.backends.cudnn.version(),
-           "python": platform.python_version(), "host": platform.node()}
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
     if DEV == "cuda" and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        env.update(gpu=p.name, sm_count=p.multi_processor_count, capability=f"{p.major}.{p.minor}",
-                   memory_gib=round(p.total_memory / 2 ** 30, 1))
+        env.update(
+            gpu=p.name,
+            sm_count=p.multi_processor_count,
+            capability=f"{p.major}.{p.minor}",
+            memory_gib=round(p.total_memory / 2**30, 1),
+        )
     try:
-        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception as e:
+        env["driver"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+    except Exception as e:  # noqa: BLE001 — a failed baseline is reported, not fatal
         env["driver"] = f"unavailable ({type(e).__name__})"
     return env
 
@@ -263,15 +302,19 @@ def environment() -> dict:
 def run_case(case, rep, deadline, fwd_cache) -> dict:
     from attntune.kernels import registry
 
-    name, *_rest = case
-    tf32 = case[10]
+    name, tf32 = case[0], case[10]
     set_precision(tf32)
     prob = problem_of(case)
     train = prob.mode == "fwd_bwd"
     flops = prob.flops()
     var = registry.get("triton_flash")
-    res = {"name": name, "problem": json.loads(prob.model_dump_json()), "flops": flops,
-           "float32_matmul_precision": torch.get_float32_matmul_precision(), "results": {}}
+    res = {
+        "name": name,
+        "problem": json.loads(prob.model_dump_json()),
+        "flops": flops,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "results": {},
+    }
     q, k, v = inputs(prob, requires_grad=train)
     do = torch.randn_like(q) if train else None
     gtn = [q, k, v] if train else None
@@ -289,8 +332,9 @@ def run_case(case, rep, deadline, fwd_cache) -> dict:
     fwd_cfgs = likely_fast_first(fwd_cfgs, split(default_cfg)[0])
     if fwd_key not in fwd_cache:
         qf, kf, vf = (t.detach() for t in (q, k, v))
-        fwd_cache[fwd_key] = sweep(lambda c: ours_fn(qf, kf, vf, fwd_prob, c), fwd_cfgs, rep=30,
-                                   deadline=deadline)
+        fwd_cache[fwd_key] = sweep(
+            lambda c: ours_fn(qf, kf, vf, fwd_prob, c), fwd_cfgs, rep=30, deadline=deadline
+        )
     fwd_sweep = fwd_cache[fwd_key]
     timed = sorted([r for r in fwd_sweep if "ms" in r], key=lambda r: r["ms"])
     if not timed:
@@ -298,11 +342,18 @@ def run_case(case, rep, deadline, fwd_cache) -> dict:
         return res
     best_fwd = timed[0]["config"]
     if train:
-        bwd_cfgs = [dict(b) for b in sorted({tuple((n, c[n]) for n in c if n.startswith("BWD"))
-                                             for c in space.grid()})]
+        bwd_cfgs = [
+            dict(b)
+            for b in sorted({tuple((n, c[n]) for n in c if n.startswith("BWD")) for c in space.grid()})
+        ]
         bwd_cfgs = likely_fast_first(bwd_cfgs, split(default_cfg)[1])
-        bwd_sweep = sweep(lambda b: ours_fn(q, k, v, prob, dict(best_fwd, **b), do), bwd_cfgs,
-                          rep=60, grad_to_none=gtn, deadline=deadline)
+        bwd_sweep = sweep(
+            lambda b: ours_fn(q, k, v, prob, dict(best_fwd, **b), do),
+            bwd_cfgs,
+            rep=60,
+            grad_to_none=gtn,
+            deadline=deadline,
+        )
         for r in bwd_sweep:
             r["config"] = dict(best_fwd, **dict(r["config"]))
         cand = sorted([r for r in bwd_sweep if "ms" in r], key=lambda r: r["ms"])[:3]
@@ -320,9 +371,14 @@ def run_case(case, rep, deadline, fwd_cache) -> dict:
         return res
     ms, cfg = min(final, key=lambda t: t[0])
     default_ms = bench(ours_fn(q, k, v, prob, default_cfg, do), rep=rep, grad_to_none=gtn)
-    res["results"]["triton_flash"] = {"ms": ms, "config": cfg, "tflops": flops / ms / 1e9,
-                                      "default_config": default_cfg, "default_ms": default_ms,
-                                      "sweep": sweep_log}
+    res["results"]["triton_flash"] = {
+        "ms": ms,
+        "config": cfg,
+        "tflops": flops / ms / 1e9,
+        "default_config": default_cfg,
+        "default_ms": default_ms,
+        "sweep": sweep_log,
+    }
     if train:
         fwd_ms = bench(ours_fn(q.detach(), k.detach(), v.detach(), fwd_prob, cfg), rep=rep)
         res["results"]["triton_flash"]["fwd_ms_of_best"] = fwd_ms
@@ -335,14 +391,14 @@ def run_case(case, rep, deadline, fwd_cache) -> dict:
         try:
             t = bench(sdpa_fn(q, k, v, prob, be, do), rep=rep, grad_to_none=gtn)
             res["results"][f"sdpa_{be}"] = {"ms": t, "tflops": flops / t / 1e9}
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 — a failed baseline is reported, not fatal
             res["results"][f"sdpa_{be}"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     if prob.window is not None:  # what the window saves: the full causal attention
         full = prob.model_copy(update={"window": None})
         try:
             t = bench(sdpa_fn(q, k, v, full, "default", do), rep=rep, grad_to_none=gtn)
             res["results"]["sdpa_full_causal"] = {"ms": t, "note": "full causal, not windowed"}
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 — a failed baseline is reported, not fatal
             res["results"]["sdpa_full_causal"] = {"error": f"{type(e).__name__}: {e}"[:200]}
     try:
         if DEV == "cpu":
@@ -354,37 +410,48 @@ def run_case(case, rep, deadline, fwd_cache) -> dict:
         f()
         t = bench(f, rep=rep, grad_to_none=gtn)
         res["results"]["flex"] = {"ms": t, "tflops": flops / t / 1e9}
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 — a failed baseline is reported, not fatal
         res["results"]["flex"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
 
     if prob.dtype == "float32":
         qf, kf, vf = (t.detach() for t in (q, k, v))
-        res["max_abs_error_vs_fp64_batch0"] = max_error_vs_fp64(prob, {
-            "triton_flash": ours_fn(qf, kf, vf, prob, cfg),
-            "sdpa_default": sdpa_fn(qf, kf, vf, prob, "default"),
-        }, qf, kf, vf)
+        res["max_abs_error_vs_fp64_batch0"] = max_error_vs_fp64(
+            prob,
+            {
+                "triton_flash": ours_fn(qf, kf, vf, prob, cfg),
+                "sdpa_default": sdpa_fn(qf, kf, vf, prob, "default"),
+            },
+            qf,
+            kf,
+            vf,
+        )
 
     ours_ms = res["results"]["triton_flash"]["ms"]
-    res["speedup_of_triton_flash"] = {k2: r["ms"] / ours_ms for k2, r in res["results"].items()
-                                      if "ms" in r and k2 != "triton_flash"}
-    sd = [r["ms"] for k2, r in res["results"].items() if k2.startswith("sdpa_") and "ms" in r
-          and k2 != "sdpa_full_causal"]
+    res["speedup_of_triton_flash"] = {
+        k2: r["ms"] / ours_ms for k2, r in res["results"].items() if "ms" in r and k2 != "triton_flash"
+    }
+    sd = [
+        r["ms"]
+        for k2, r in res["results"].items()
+        if k2.startswith("sdpa_") and "ms" in r and k2 != "sdpa_full_causal"
+    ]
     if sd:
         res["speedup_of_triton_flash"]["best_sdpa"] = min(sd) / ours_ms
-    del q, k, v, do
     if DEV == "cuda":
         torch.cuda.empty_cache()
     return res
 
 
-def table(cases: List[dict]) -> str:
+def table(cases: list[dict]) -> str:
     lines = [f"{'case':28s} {'impl':18s} {'ms':>9s} {'TFLOP/s':>8s} {'ours x':>7s}"]
     for c in cases:
         ours = c["results"].get("triton_flash", {}).get("ms")
         for impl, r in c["results"].items():
             if "ms" not in r:
-                lines.append(f"{c['name']:28s} {impl:18s} {'-':>9s} {'':>8s} {'':>7s}  "
-                             + (r.get("error") or r.get("skipped") or "")[:60])
+                lines.append(
+                    f"{c['name']:28s} {impl:18s} {'-':>9s} {'':>8s} {'':>7s}  "
+                    + (r.get("error") or r.get("skipped") or "")[:60]
+                )
                 continue
             tf = c["flops"] / r["ms"] / 1e9 if impl != "sdpa_full_causal" else float("nan")
             ratio = r["ms"] / ours if ours else float("nan")
@@ -397,7 +464,7 @@ def table(cases: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/flash_h200.json")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop sweeping after this many seconds")
@@ -424,10 +491,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     for case in cases:
         set_precision(case[10])
         sp = var.space(problem_of(case))
-        jobs.append((case, list(sp.grid()) if problem_of(case).mode == "fwd" else
-                     [dict(split(c)[0], **d) for c in [sp.first()]
-                      for d in [dict(t) for t in sorted({tuple((n, c2[n]) for n in c2 if n.startswith("BWD"))
-                                                        for c2 in sp.grid()})]]))
+        jobs.append(
+            (
+                case,
+                list(sp.grid())
+                if problem_of(case).mode == "fwd"
+                else [
+                    dict(split(c)[0], **d)
+                    for c in [sp.first()]
+                    for d in [
+                        dict(t)
+                        for t in sorted(
+                            {tuple((n, c2[n]) for n in c2 if n.startswith("BWD")) for c2 in sp.grid()}
+                        )
+                    ]
+                ],
+            )
+        )
     precompile(jobs, args.workers)
 
     out = {"environment": environment(), "method": __doc__.strip().splitlines()[0], "cases": []}
@@ -439,17 +519,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         case_deadline = t + max(0.0, deadline - t) / (len(cases) - i)
         try:
             res = run_case(case, args.rep, case_deadline, fwd_cache)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 — a failed baseline is reported, not fatal
             traceback.print_exc()
-            res = {"name": case[0], "error": f"{type(e).__name__}: {e}"[:300], "results": {},
-                   "flops": problem_of(case).flops()}
+            res = {
+                "name": case[0],
+                "error": f"{type(e).__name__}: {e}"[:300],
+                "results": {},
+                "flops": problem_of(case).flops(),
+            }
         res["wall_s"] = round(time.time() - t, 1)
         out["cases"].append(res)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1, default=str)
         r = res["results"].get("triton_flash", {})
-        print(f"[{time.time() - t0:5.0f}s] {case[0]}: ours {r.get('ms', float('nan')):.3f} ms "
-              f"{res.get('speedup_of_triton_flash', {})}", flush=True)
+        print(
+            f"[{time.time() - t0:5.0f}s] {case[0]}: ours {r.get('ms', float('nan')):.3f} ms "
+            f"{res.get('speedup_of_triton_flash', {})}",
+            flush=True,
+        )
     set_precision(False)
     out["total_s"] = round(time.time() - t0, 1)
     with open(args.out, "w") as f:

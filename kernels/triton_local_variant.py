@@ -5,9 +5,8 @@ policy can tell "local attention" apart from dense attention that merely has a w
 
 from __future__ import annotations
 
-from typing import List
-
 from attntune.kernels.triton_flash.variant import SOURCE_MODULES, FlashVariantBase, flash_reasons
+
 from attntune.problem import AttentionProblem
 
 
@@ -17,7 +16,7 @@ class TritonLocalVariant(FlashVariantBase):
     source_modules = SOURCE_MODULES + ("attntune.kernels.triton_local_variant",)
     local = True
 
-    def supports(self, problem: AttentionProblem) -> List[str]:
+    def supports(self, problem: AttentionProblem) -> list[str]:
         out = flash_reasons(problem)
         if not problem.is_local:
             out.append("no finite left window: not local attention (triton_flash covers it)")

@@ -12,15 +12,15 @@ import math
 
 import pytest
 import torch
-
 from attntune.kernels import registry
 from attntune.kernels.reference import masked_softmax_attention
 from attntune.kernels.triton_flash import launch
 from attntune.kernels.triton_flash.op import flash_attention
 from attntune.kernels.triton_flash.space import FWD_CHOICES, flash_space
+from helpers import assert_close
+
 from attntune.problem import problem_from_tensors
 from attntune.tolerances import tf32_allowed
-from helpers import assert_close
 
 HAS_GPU = torch.cuda.is_available()
 DEV = "cuda" if HAS_GPU else "cpu"
@@ -34,13 +34,36 @@ def _rand(shape, dtype, seed, device=DEV):
     return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
 
-def check(q, k, v, *, causal=False, align="bottom_right", window=None, scale=None, config=None,
-          bwd_config=None, grad=True, seed=0, ref_dtype=torch.float64):
+def check(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    align="bottom_right",
+    window=None,
+    scale=None,
+    config=None,
+    bwd_config=None,
+    grad=True,
+    seed=0,
+    ref_dtype=torch.float64,
+):
     """Run the op (forward, LSE, and gradients for a random dO) and compare with the reference."""
     dtype = q.dtype
     q, k, v = (t.detach().requires_grad_(grad) for t in (q, k, v))
-    out, lse = flash_attention(q, k, v, causal=causal, causal_align=align, window=window, scale=scale,
-                               config=config, bwd_config=bwd_config, return_lse=True)
+    out, lse = flash_attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_align=align,
+        window=window,
+        scale=scale,
+        config=config,
+        bwd_config=bwd_config,
+        return_lse=True,
+    )
     assert out.shape == q.shape and out.dtype == dtype
     prob = problem_from_tensors(q, k, v, causal=causal, causal_align=align, window=window, scale=scale)
     rq, rk, rv = (t.detach().to(ref_dtype).requires_grad_(grad) for t in (q, k, v))
@@ -53,8 +76,9 @@ def check(q, k, v, *, causal=False, align="bottom_right", window=None, scale=Non
     fin = torch.isfinite(ref_lse)
     assert not torch.isnan(lse).any()
     exact = dtype == torch.float32 and not tf32  # TF32 scores carry ~1e-3 absolute error into the LSE
-    torch.testing.assert_close(lse[fin].double(), ref_lse[fin].double(), atol=1e-4 if exact else 2e-2,
-                               rtol=1e-3)
+    torch.testing.assert_close(
+        lse[fin].double(), ref_lse[fin].double(), atol=1e-4 if exact else 2e-2, rtol=1e-3
+    )
     if not grad:
         return out
     do = _rand(out.shape, dtype, seed + 1, device=q.device)
@@ -67,40 +91,47 @@ def check(q, k, v, *, causal=False, align="bottom_right", window=None, scale=Non
 
 
 def qkv(b, hq, hkv, sq, skv, d, dtype=torch.float32, seed=0):
-    return (_rand((b, hq, sq, d), dtype, seed), _rand((b, hkv, skv, d), dtype, seed + 10),
-            _rand((b, hkv, skv, d), dtype, seed + 20))
+    return (
+        _rand((b, hq, sq, d), dtype, seed),
+        _rand((b, hkv, skv, d), dtype, seed + 10),
+        _rand((b, hkv, skv, d), dtype, seed + 20),
+    )
 
 
 # ---- semantics on small shapes (CPU interpreter or GPU) -----------------------------------------
 CASES = [
     # id, (B, Hq, Hkv, Sq, Skv, D), kwargs
     ("dense", (1, 2, 2, 37, 37, 32), {}),
-    ("causal-sq<skv", (1, 2, 2, 20, 45, 24), dict(causal=True)),
-    ("causal-sq>skv-empty-rows", (1, 2, 2, 45, 20, 24), dict(causal=True)),
-    ("causal-top-left-sq>skv", (1, 2, 2, 45, 20, 16), dict(causal=True, align="top_left")),
-    ("causal-top-left-sq<skv", (1, 2, 2, 20, 45, 16), dict(causal=True, align="top_left")),
-    ("window-local-l0", (2, 2, 1, 50, 50, 16), dict(window=(7, 0))),
-    ("window-two-sided", (1, 2, 1, 50, 61, 16), dict(window=(5, 3))),
-    ("window-diag-only", (1, 2, 2, 33, 33, 16), dict(window=(0, 0))),
-    ("window-wider-than-seq", (1, 2, 1, 40, 50, 16), dict(window=(100, 100), causal=True)),
-    ("window-left-unbounded", (1, 2, 2, 40, 40, 16), dict(window=(-1, 4))),
-    ("window-right-unbounded", (1, 2, 2, 40, 40, 16), dict(window=(4, -1))),
-    ("window+causal-top-left", (1, 2, 2, 30, 50, 16), dict(window=(6, 3), causal=True, align="top_left")),
-    ("window-rows-beyond-keys", (1, 2, 1, 30, 10, 16), dict(window=(2, 0))),
-    ("window-before-first-key", (1, 2, 2, 40, 8, 16), dict(window=(3, 1), align="top_left")),
-    ("gqa-4:1", (2, 8, 2, 33, 40, 16), dict(causal=True)),
-    ("mqa", (1, 4, 1, 29, 29, 16), dict(window=(9, 0))),
-    ("seqlen-1", (1, 2, 2, 1, 1, 16), dict(causal=True)),
-    ("seqlen-1x97", (1, 2, 1, 1, 97, 16), dict(causal=True)),
-    ("seqlen-3", (2, 2, 2, 3, 3, 16), dict(causal=True)),
-    ("seqlen-97-causal", (1, 2, 2, 97, 97, 16), dict(causal=True)),
+    ("causal-sq<skv", (1, 2, 2, 20, 45, 24), {"causal": True}),
+    ("causal-sq>skv-empty-rows", (1, 2, 2, 45, 20, 24), {"causal": True}),
+    ("causal-top-left-sq>skv", (1, 2, 2, 45, 20, 16), {"causal": True, "align": "top_left"}),
+    ("causal-top-left-sq<skv", (1, 2, 2, 20, 45, 16), {"causal": True, "align": "top_left"}),
+    ("window-local-l0", (2, 2, 1, 50, 50, 16), {"window": (7, 0)}),
+    ("window-two-sided", (1, 2, 1, 50, 61, 16), {"window": (5, 3)}),
+    ("window-diag-only", (1, 2, 2, 33, 33, 16), {"window": (0, 0)}),
+    ("window-wider-than-seq", (1, 2, 1, 40, 50, 16), {"window": (100, 100), "causal": True}),
+    ("window-left-unbounded", (1, 2, 2, 40, 40, 16), {"window": (-1, 4)}),
+    ("window-right-unbounded", (1, 2, 2, 40, 40, 16), {"window": (4, -1)}),
+    (
+        "window+causal-top-left",
+        (1, 2, 2, 30, 50, 16),
+        {"window": (6, 3), "causal": True, "align": "top_left"},
+    ),
+    ("window-rows-beyond-keys", (1, 2, 1, 30, 10, 16), {"window": (2, 0)}),
+    ("window-before-first-key", (1, 2, 2, 40, 8, 16), {"window": (3, 1), "align": "top_left"}),
+    ("gqa-4:1", (2, 8, 2, 33, 40, 16), {"causal": True}),
+    ("mqa", (1, 4, 1, 29, 29, 16), {"window": (9, 0)}),
+    ("seqlen-1", (1, 2, 2, 1, 1, 16), {"causal": True}),
+    ("seqlen-1x97", (1, 2, 1, 1, 97, 16), {"causal": True}),
+    ("seqlen-3", (2, 2, 2, 3, 3, 16), {"causal": True}),
+    ("seqlen-97-causal", (1, 2, 2, 97, 97, 16), {"causal": True}),
     ("seqlen-97x3", (1, 2, 2, 97, 3, 16), {}),
-    ("seqlen-2", (1, 1, 1, 2, 2, 16), dict(window=(1, 0))),
-    ("head-dim-80", (1, 2, 2, 33, 33, 80), dict(causal=True)),
-    ("head-dim-96", (1, 2, 1, 21, 40, 96), dict(window=(8, 0))),
+    ("seqlen-2", (1, 1, 1, 2, 2, 16), {"window": (1, 0)}),
+    ("head-dim-80", (1, 2, 2, 33, 33, 80), {"causal": True}),
+    ("head-dim-96", (1, 2, 1, 21, 40, 96), {"window": (8, 0)}),
     ("head-dim-40", (1, 2, 2, 19, 19, 40), {}),
-    ("scale", (1, 2, 2, 30, 30, 16), dict(scale=0.3, causal=True)),
-    ("negative-scale", (1, 2, 2, 30, 30, 16), dict(scale=-0.2)),
+    ("scale", (1, 2, 2, 30, 30, 16), {"scale": 0.3, "causal": True}),
+    ("negative-scale", (1, 2, 2, 30, 30, 16), {"scale": -0.2}),
 ]
 
 
@@ -109,11 +140,15 @@ def test_forward_backward_fp32(shape, kw):
     check(*qkv(*shape), config=SMALL_FWD, bwd_config=SMALL_BWD, **kw)
 
 
-@pytest.mark.parametrize("shape,kw", [
-    ((1, 2, 2, 37, 45, 32), dict(causal=True)),
-    ((1, 4, 1, 50, 50, 64), dict(window=(11, 0))),
-    ((1, 2, 2, 97, 97, 80), {}),
-], ids=["causal", "mqa-window", "d80"])
+@pytest.mark.parametrize(
+    "shape,kw",
+    [
+        ((1, 2, 2, 37, 45, 32), {"causal": True}),
+        ((1, 4, 1, 50, 50, 64), {"window": (11, 0)}),
+        ((1, 2, 2, 97, 97, 80), {}),
+    ],
+    ids=["causal", "mqa-window", "d80"],
+)
 def test_forward_backward_fp16(shape, kw):
     check(*qkv(*shape, dtype=torch.float16), config=SMALL_FWD, bwd_config=SMALL_BWD, **kw)
 
@@ -127,8 +162,9 @@ def test_default_configs():
 def test_bf16_forward():
     if not HAS_GPU:
         pytest.skip("bf16 tl.dot returns garbage in the triton interpreter (CPU); covered by gpu tests")
-    check(*qkv(1, 2, 2, 70, 70, 64, dtype=torch.bfloat16), causal=True, config=SMALL_FWD,
-          bwd_config=SMALL_BWD)
+    check(
+        *qkv(1, 2, 2, 70, 70, 64, dtype=torch.bfloat16), causal=True, config=SMALL_FWD, bwd_config=SMALL_BWD
+    )
 
 
 def test_noncontiguous_inputs():
@@ -136,7 +172,7 @@ def test_noncontiguous_inputs():
     b, s, h, d = 2, 37, 4, 32
     q = _rand((b, s, h, d), torch.float32, 1).transpose(1, 2)
     k = _rand((b, s, 2, d), torch.float32, 2).transpose(1, 2)
-    v = _rand((b, s, 2, d + 8), torch.float32, 3).transpose(1, 2)[..., 4:4 + d]
+    v = _rand((b, s, 2, d + 8), torch.float32, 3).transpose(1, 2)[..., 4 : 4 + d]
     assert not q.is_contiguous() and not v.is_contiguous()
     out = check(q, k, v, causal=True, config=SMALL_FWD, bwd_config=SMALL_BWD)
     assert out.stride() == q.stride()  # the output keeps the [B, S, H, D] layout
@@ -166,14 +202,15 @@ def test_padding_never_leaks_and_every_output_is_written(monkeypatch):
     monkeypatch.setattr(launch, "_empty", lambda *a, **kw: torch.full(*a, nan, **kw))
     q, k, v = qkv(1, 4, 2, 45, 21, 40)  # D=40 pads to 64; 45/21 are not block multiples
     q, k, v = _nan_framed(q, 7, 24), _nan_framed(k, 11, 24), _nan_framed(v, 11, 24)
-    for kw in (dict(causal=True), dict(window=(3, 0)), {}):  # causal: rows 0..23 are empty
+    for kw in ({"causal": True}, {"window": (3, 0)}, {}):  # causal: rows 0..23 are empty
         check(q, k, v, config=SMALL_FWD, bwd_config=SMALL_BWD, **kw)
 
 
 def test_empty_rows_give_zeros_and_zero_gradients():
     q, k, v = (t.requires_grad_() for t in qkv(1, 2, 2, 30, 10, 16))
-    out, lse = flash_attention(q, k, v, causal=True, config=SMALL_FWD, bwd_config=SMALL_BWD,
-                               return_lse=True)  # rows 0..19 see no key (off = -20)
+    out, lse = flash_attention(
+        q, k, v, causal=True, config=SMALL_FWD, bwd_config=SMALL_BWD, return_lse=True
+    )  # rows 0..19 see no key (off = -20)
     assert torch.equal(out[:, :, :20], torch.zeros_like(out[:, :, :20]))
     assert torch.isneginf(lse[:, :, :20]).all() and torch.isfinite(lse[:, :, 20:]).all()
     out.sum().backward()
@@ -196,7 +233,9 @@ def test_backward_is_deterministic():
     grads = []
     for _ in range(2):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-        flash_attention(qq, kk, vv, causal=True, config=SMALL_FWD, bwd_config=SMALL_BWD).square().sum().backward()
+        flash_attention(
+            qq, kk, vv, causal=True, config=SMALL_FWD, bwd_config=SMALL_BWD
+        ).square().sum().backward()
         grads.append((qq.grad, kk.grad, vv.grad))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
@@ -272,8 +311,10 @@ def test_space_is_modest_and_holds_the_hopper_configs():
     s = flash_space(p)
     grid = list(s.grid())
     assert 10 <= len(grid) <= 100
-    for cfg in ({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-                {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}):
+    for cfg in (
+        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+        {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+    ):
         assert s.validate(cfg) == [], cfg
     assert s.validate({"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4})  # > 227 KB
     d256 = flash_space(p.model_copy(update={"head_dim": 256, "head_dim_v": 256}))
@@ -291,7 +332,7 @@ def test_space_is_modest_and_holds_the_hopper_configs():
 
 def test_variant_run_is_differentiable():
     q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 40, 40, 32))
-    for name, kw in (("triton_flash", dict(causal=True)), ("triton_local", dict(window=(9, 0)))):
+    for name, kw in (("triton_flash", {"causal": True}), ("triton_local", {"window": (9, 0)})):
         var = registry.get(name)
         prob = problem_from_tensors(q, k, v, **kw)
         assert prob.mode == "fwd_bwd"
@@ -311,10 +352,14 @@ def _sample(grid, n):
     return grid[::step]
 
 
-@pytest.mark.parametrize("shape,kw", [
-    ((1, 4, 2, 45, 70, 40), dict(causal=True)),
-    ((1, 2, 1, 33, 33, 16), dict(window=(5, 2))),
-], ids=["gqa-causal-odd", "window"])
+@pytest.mark.parametrize(
+    "shape,kw",
+    [
+        ((1, 4, 2, 45, 70, 40), {"causal": True}),
+        ((1, 2, 1, 33, 33, 16), {"window": (5, 2)}),
+    ],
+    ids=["gqa-causal-odd", "window"],
+)
 def test_declared_space_configs_are_valid(shape, kw):
     """Configs of the declared space (a spread sample on the CPU, all of them on a GPU) compute the
     right result on awkward shapes. Forward and backward configs launch independently, so each
@@ -339,12 +384,12 @@ def test_declared_space_configs_are_valid(shape, kw):
 # ---- GPU: realistic sizes, bf16, every config ---------------------------------------------------
 GPU_CASES = [
     ("dense-d128", (2, 16, 16, 2048, 2048, 128), {}),
-    ("causal-d64", (2, 16, 16, 4096, 4096, 64), dict(causal=True)),
-    ("gqa8-causal", (1, 32, 4, 2048, 2048, 128), dict(causal=True)),
-    ("window-local", (1, 16, 16, 4096, 4096, 128), dict(window=(1024, 0))),
-    ("window-gqa-odd", (2, 16, 2, 1025, 1025, 128), dict(window=(255, 0))),
-    ("causal-sq<skv-odd", (1, 8, 8, 1025, 3000, 64), dict(causal=True)),
-    ("d96-top-left", (1, 8, 8, 1500, 1000, 96), dict(causal=True, align="top_left")),
+    ("causal-d64", (2, 16, 16, 4096, 4096, 64), {"causal": True}),
+    ("gqa8-causal", (1, 32, 4, 2048, 2048, 128), {"causal": True}),
+    ("window-local", (1, 16, 16, 4096, 4096, 128), {"window": (1024, 0)}),
+    ("window-gqa-odd", (2, 16, 2, 1025, 1025, 128), {"window": (255, 0)}),
+    ("causal-sq<skv-odd", (1, 8, 8, 1025, 3000, 64), {"causal": True}),
+    ("d96-top-left", (1, 8, 8, 1500, 1000, 96), {"causal": True, "align": "top_left"}),
 ]
 
 
@@ -375,8 +420,19 @@ def _gpu_config_cases():
 
     out = []
     for d, dt in ((128, "bfloat16"), (64, "float16"), (256, "bfloat16")):
-        prob = AttentionProblem(batch=1, heads_q=4, heads_kv=2, seqlen_q=1025, seqlen_kv=1100, head_dim=d,
-                                head_dim_v=d, dtype=dt, device_type="cuda", causal=True, mode="fwd_bwd")
+        prob = AttentionProblem(
+            batch=1,
+            heads_q=4,
+            heads_kv=2,
+            seqlen_q=1025,
+            seqlen_kv=1100,
+            head_dim=d,
+            head_dim_v=d,
+            dtype=dt,
+            device_type="cuda",
+            causal=True,
+            mode="fwd_bwd",
+        )
         for cfg in flash_space(prob.model_copy(update={"mode": "fwd"})).grid():
             out.append(pytest.param(d, dt, cfg, None, id=f"d{d}-fwd-" + "-".join(map(str, cfg.values()))))
         bwd = sorted({tuple((n, c[n]) for n in c if n.startswith("BWD")) for c in flash_space(prob).grid()})

@@ -18,14 +18,22 @@ LSE = +inf (P = 0), a padded key has K = V = 0, so neither contributes to any st
 
 import triton
 import triton.language as tl
-
 from attntune.kernels.triton_flash.jit_fwd import LOG2E, kv_block_range, load_tile
 
 
 @triton.jit
-def q_block_range(n0, seqlen_q, seqlen_kv, diag_off, win_left, win_right,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+def q_block_range(
+    n0,
+    seqlen_q,
+    seqlen_kv,
+    diag_off,
+    win_left,
+    win_right,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+):
     """Query ranges for keys [n0, n0+BLOCK_N): (lo, b, c, hi) as in ``kv_block_range`` with the axes
     swapped. Row i admits key j iff i >= j - off - right (right side) and i <= j - off + left."""
     if HAS_RIGHT:
@@ -54,11 +62,24 @@ def q_block_range(n0, seqlen_q, seqlen_kv, diag_off, win_left, win_right,
 
 
 @triton.jit
-def bwd_preprocess_kernel(O, DO, DELTA,
-                          stride_ob, stride_oh, stride_om, stride_od,
-                          stride_dob, stride_doh, stride_dom, stride_dod,
-                          seqlen_q, head_dim, heads_q,
-                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def bwd_preprocess_kernel(
+    O,
+    DO,
+    DELTA,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    seqlen_q,
+    head_dim,
+    heads_q,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Grid: cdiv(Sq, BLOCK_M) * B * Hq. DELTA [B, Hq, Sq] contiguous fp32."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(seqlen_q, BLOCK_M)
@@ -68,10 +89,24 @@ def bwd_preprocess_kernel(O, DO, DELTA,
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < head_dim)
-    o = tl.load(O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
-                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
-    do = tl.load(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-                 + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
+    o = tl.load(
+        O
+        + off_b.to(tl.int64) * stride_ob
+        + off_h.to(tl.int64) * stride_oh
+        + offs_m[:, None] * stride_om
+        + offs_d[None, :] * stride_od,
+        mask=mask,
+        other=0.0,
+    )
+    do = tl.load(
+        DO
+        + off_b.to(tl.int64) * stride_dob
+        + off_h.to(tl.int64) * stride_doh
+        + offs_m[:, None] * stride_dom
+        + offs_d[None, :] * stride_dod,
+        mask=mask,
+        other=0.0,
+    )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(DELTA + bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
 
@@ -90,18 +125,48 @@ def _load_row_stats(lse_ptr, delta_ptr, rows, row_ok, ROW_MASK: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr,
-                 stride_qm, stride_qd, stride_dom, stride_dod,
-                 offs_n, offs_d, d_ok, start, end, seqlen_q, diag_off, win_left, win_right, qk_scale,
-                 BLOCK_M: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-                 HAS_RIGHT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dkdv_q_loop(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    lse_ptr,
+    delta_ptr,
+    stride_qm,
+    stride_qd,
+    stride_dom,
+    stride_dod,
+    offs_n,
+    offs_d,
+    d_ok,
+    start,
+    end,
+    seqlen_q,
+    diag_off,
+    win_left,
+    win_right,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Accumulate dK, dV [BN, BD] (fp32) of a resident key block over query blocks [start, end)."""
     offs_m = tl.arange(0, BLOCK_M)
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
         row_ok = rows < seqlen_q
-        qt = load_tile(q_base + rows[None, :] * stride_qm + offs_d[:, None] * stride_qd,
-                       row_ok[None, :], d_ok[:, None], MASKED, EVEN_D)  # [BD, BM]
+        qt = load_tile(
+            q_base + rows[None, :] * stride_qm + offs_d[:, None] * stride_qd,
+            row_ok[None, :],
+            d_ok[:, None],
+            MASKED,
+            EVEN_D,
+        )  # [BD, BM]
         lse, delta = _load_row_stats(lse_ptr, delta_ptr, rows, row_ok, MASKED)
         qkt = tl.dot(k, qt, input_precision=DOT_PREC)  # [BN, BM]
         pt = tl.math.exp2(qkt * qk_scale - lse[None, :])
@@ -113,8 +178,13 @@ def _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr,
             if HAS_LEFT:
                 ok = ok & (offs_n[:, None] >= (diag - win_left)[None, :])
             pt = tl.where(ok, pt, 0.0)
-        do = load_tile(do_base + rows[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                       row_ok[:, None], d_ok[None, :], MASKED, EVEN_D)  # [BM, BD]
+        do = load_tile(
+            do_base + rows[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+            row_ok[:, None],
+            d_ok[None, :],
+            MASKED,
+            EVEN_D,
+        )  # [BM, BD]
         dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PREC)
         dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # [BN, BM]
         dst = pt * (dpt - delta[None, :])
@@ -124,17 +194,55 @@ def _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr,
 
 @triton.jit
 def bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_dom, stride_dod,
-    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    seqlen_q, seqlen_kv, head_dim, heads_kv, group,
-    diag_off, win_left, win_right, qk_scale, sm_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    stride_dkb,
+    stride_dkh,
+    stride_dkn,
+    stride_dkd,
+    stride_dvb,
+    stride_dvh,
+    stride_dvn,
+    stride_dvd,
+    seqlen_q,
+    seqlen_kv,
+    head_dim,
+    heads_kv,
+    group,
+    diag_off,
+    win_left,
+    win_right,
+    qk_scale,
+    sm_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """Grid: cdiv(Skv, BLOCK_N) * B * Hkv. BLOCK_N keys stay resident; BLOCK_M query rows are streamed.
     DK/DV [B, Hkv, Skv, D] any strides; LSE/DELTA [B, Hq, Sq] contiguous fp32."""
@@ -151,17 +259,28 @@ def bwd_dkdv_kernel(
     col_ok = offs_n < seqlen_kv
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
-    k = load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                  col_ok[:, None], d_ok[None, :], True, EVEN_D)  # [BN, BD]
-    v = load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                  col_ok[:, None], d_ok[None, :], True, EVEN_D)
+    k = load_tile(
+        k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+        col_ok[:, None],
+        d_ok[None, :],
+        True,
+        EVEN_D,
+    )  # [BN, BD]
+    v = load_tile(
+        v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+        col_ok[:, None],
+        d_ok[None, :],
+        True,
+        EVEN_D,
+    )
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    lo, b, c, hi = q_block_range(start_n, seqlen_q, seqlen_kv, diag_off, win_left, win_right,
-                                 BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    lo, b, c, hi = q_block_range(
+        start_n, seqlen_q, seqlen_kv, diag_off, win_left, win_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
+    )
     heads_q = heads_kv * group
-    for g in range(0, group):
+    for g in range(group):
         off_h = off_hk * group + g  # the query heads that read this kv head
         q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
         do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
@@ -169,24 +288,112 @@ def bwd_dkdv_kernel(
         lse_ptr = LSE + row_stats
         delta_ptr = DELTA + row_stats
         if HAS_RIGHT:
-            dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, stride_qm,
-                                  stride_qd, stride_dom, stride_dod, offs_n, offs_d, d_ok, lo, b,
-                                  seqlen_q, diag_off, win_left, win_right, qk_scale, BLOCK_M, True,
-                                  HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC)
-        dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, stride_qm,
-                              stride_qd, stride_dom, stride_dod, offs_n, offs_d, d_ok, b, c,
-                              seqlen_q, diag_off, win_left, win_right, qk_scale, BLOCK_M, False,
-                              HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC)
-        dk, dv = _dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, stride_qm,
-                              stride_qd, stride_dom, stride_dod, offs_n, offs_d, d_ok, c, hi,
-                              seqlen_q, diag_off, win_left, win_right, qk_scale, BLOCK_M, True,
-                              HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC)
+            dk, dv = _dkdv_q_loop(
+                dk,
+                dv,
+                k,
+                v,
+                q_base,
+                do_base,
+                lse_ptr,
+                delta_ptr,
+                stride_qm,
+                stride_qd,
+                stride_dom,
+                stride_dod,
+                offs_n,
+                offs_d,
+                d_ok,
+                lo,
+                b,
+                seqlen_q,
+                diag_off,
+                win_left,
+                win_right,
+                qk_scale,
+                BLOCK_M,
+                True,
+                HAS_LEFT,
+                HAS_RIGHT,
+                EVEN_D,
+                DOT_PREC,
+            )
+        dk, dv = _dkdv_q_loop(
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_ptr,
+            delta_ptr,
+            stride_qm,
+            stride_qd,
+            stride_dom,
+            stride_dod,
+            offs_n,
+            offs_d,
+            d_ok,
+            b,
+            c,
+            seqlen_q,
+            diag_off,
+            win_left,
+            win_right,
+            qk_scale,
+            BLOCK_M,
+            False,
+            HAS_LEFT,
+            HAS_RIGHT,
+            EVEN_D,
+            DOT_PREC,
+        )
+        dk, dv = _dkdv_q_loop(
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_ptr,
+            delta_ptr,
+            stride_qm,
+            stride_qd,
+            stride_dom,
+            stride_dod,
+            offs_n,
+            offs_d,
+            d_ok,
+            c,
+            hi,
+            seqlen_q,
+            diag_off,
+            win_left,
+            win_right,
+            qk_scale,
+            BLOCK_M,
+            True,
+            HAS_LEFT,
+            HAS_RIGHT,
+            EVEN_D,
+            DOT_PREC,
+        )
 
     dk = dk * sm_scale
-    dk_ptrs = (DK + off_b.to(tl.int64) * stride_dkb + off_hk.to(tl.int64) * stride_dkh
-               + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
-    dv_ptrs = (DV + off_b.to(tl.int64) * stride_dvb + off_hk.to(tl.int64) * stride_dvh
-               + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
+    dk_ptrs = (
+        DK
+        + off_b.to(tl.int64) * stride_dkb
+        + off_hk.to(tl.int64) * stride_dkh
+        + offs_n[:, None] * stride_dkn
+        + offs_d[None, :] * stride_dkd
+    )
+    dv_ptrs = (
+        DV
+        + off_b.to(tl.int64) * stride_dvb
+        + off_hk.to(tl.int64) * stride_dvh
+        + offs_n[:, None] * stride_dvn
+        + offs_d[None, :] * stride_dvd
+    )
     if EVEN_D:
         mask = col_ok[:, None]
     else:
@@ -196,17 +403,47 @@ def bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_kv_loop(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                offs_m, offs_d, d_ok, start, end, seqlen_kv, diag_off, win_left, win_right, qk_scale,
-                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-                HAS_RIGHT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dq_kv_loop(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    offs_m,
+    offs_d,
+    d_ok,
+    start,
+    end,
+    seqlen_kv,
+    diag_off,
+    win_left,
+    win_right,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Accumulate dQ [BM, BD] (fp32, unscaled) of a resident query block over key blocks [start, end)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < seqlen_kv
-        kt = load_tile(k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                       col_ok[None, :], d_ok[:, None], MASKED, EVEN_D)  # [BD, BN]
+        kt = load_tile(
+            k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+            col_ok[None, :],
+            d_ok[:, None],
+            MASKED,
+            EVEN_D,
+        )  # [BD, BN]
         qk = tl.dot(q, kt, input_precision=DOT_PREC)  # [BM, BN]
         p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if MASKED:
@@ -217,8 +454,13 @@ def _dq_kv_loop(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, str
             if HAS_LEFT:
                 ok = ok & (cols[None, :] >= (diag - win_left)[:, None])
             p = tl.where(ok, p, 0.0)
-        vt = load_tile(v_base + cols[None, :] * stride_vn + offs_d[:, None] * stride_vd,
-                       col_ok[None, :], d_ok[:, None], MASKED, EVEN_D)  # [BD, BN]
+        vt = load_tile(
+            v_base + cols[None, :] * stride_vn + offs_d[:, None] * stride_vd,
+            col_ok[None, :],
+            d_ok[:, None],
+            MASKED,
+            EVEN_D,
+        )  # [BD, BN]
         dp = tl.dot(do, vt, input_precision=DOT_PREC)  # [BM, BN]
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PREC)
@@ -227,16 +469,50 @@ def _dq_kv_loop(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, str
 
 @triton.jit
 def bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_dom, stride_dod,
-    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    seqlen_q, seqlen_kv, head_dim, heads_q, group,
-    diag_off, win_left, win_right, qk_scale, sm_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
+    stride_dqd,
+    seqlen_q,
+    seqlen_kv,
+    head_dim,
+    heads_q,
+    group,
+    diag_off,
+    win_left,
+    win_right,
+    qk_scale,
+    sm_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """Grid: cdiv(Sq, BLOCK_M) * B * Hq. BLOCK_M query rows stay resident; BLOCK_N keys are streamed.
     DQ [B, Hq, Sq, D] any strides."""
@@ -252,34 +528,134 @@ def bwd_dq_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim
     row_ok = offs_m < seqlen_q
-    q = load_tile(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-                  + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                  row_ok[:, None], d_ok[None, :], True, EVEN_D)
-    do = load_tile(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-                   + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                   row_ok[:, None], d_ok[None, :], True, EVEN_D)
+    q = load_tile(
+        Q
+        + off_b.to(tl.int64) * stride_qb
+        + off_h.to(tl.int64) * stride_qh
+        + offs_m[:, None] * stride_qm
+        + offs_d[None, :] * stride_qd,
+        row_ok[:, None],
+        d_ok[None, :],
+        True,
+        EVEN_D,
+    )
+    do = load_tile(
+        DO
+        + off_b.to(tl.int64) * stride_dob
+        + off_h.to(tl.int64) * stride_doh
+        + offs_m[:, None] * stride_dom
+        + offs_d[None, :] * stride_dod,
+        row_ok[:, None],
+        d_ok[None, :],
+        True,
+        EVEN_D,
+    )
     row_stats = bh.to(tl.int64) * seqlen_q
     lse, delta = _load_row_stats(LSE + row_stats, DELTA + row_stats, offs_m, row_ok, True)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    lo, b, c, hi = kv_block_range(start_m, seqlen_kv, diag_off, win_left, win_right,
-                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    lo, b, c, hi = kv_block_range(
+        start_m, seqlen_kv, diag_off, win_left, win_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
+    )
     if HAS_LEFT:
-        dq = _dq_kv_loop(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                         stride_vd, offs_m, offs_d, d_ok, lo, b, seqlen_kv, diag_off, win_left,
-                         win_right, qk_scale, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC)
-    dq = _dq_kv_loop(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                     stride_vd, offs_m, offs_d, d_ok, b, c, seqlen_kv, diag_off, win_left,
-                     win_right, qk_scale, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC)
-    dq = _dq_kv_loop(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                     stride_vd, offs_m, offs_d, d_ok, c, hi, seqlen_kv, diag_off, win_left,
-                     win_right, qk_scale, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC)
+        dq = _dq_kv_loop(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            offs_m,
+            offs_d,
+            d_ok,
+            lo,
+            b,
+            seqlen_kv,
+            diag_off,
+            win_left,
+            win_right,
+            qk_scale,
+            BLOCK_N,
+            True,
+            HAS_LEFT,
+            HAS_RIGHT,
+            EVEN_D,
+            DOT_PREC,
+        )
+    dq = _dq_kv_loop(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        d_ok,
+        b,
+        c,
+        seqlen_kv,
+        diag_off,
+        win_left,
+        win_right,
+        qk_scale,
+        BLOCK_N,
+        False,
+        HAS_LEFT,
+        HAS_RIGHT,
+        EVEN_D,
+        DOT_PREC,
+    )
+    dq = _dq_kv_loop(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        d_ok,
+        c,
+        hi,
+        seqlen_kv,
+        diag_off,
+        win_left,
+        win_right,
+        qk_scale,
+        BLOCK_N,
+        True,
+        HAS_LEFT,
+        HAS_RIGHT,
+        EVEN_D,
+        DOT_PREC,
+    )
 
     dq = dq * sm_scale
-    dq_ptrs = (DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
-               + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
+    dq_ptrs = (
+        DQ
+        + off_b.to(tl.int64) * stride_dqb
+        + off_h.to(tl.int64) * stride_dqh
+        + offs_m[:, None] * stride_dqm
+        + offs_d[None, :] * stride_dqd
+    )
     if EVEN_D:
         tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
     else:

@@ -26,9 +26,17 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
 
 
 @triton.jit
-def kv_block_range(m0, seqlen_kv, diag_off, win_left, win_right,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+def kv_block_range(
+    m0,
+    seqlen_kv,
+    diag_off,
+    win_left,
+    win_right,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+):
     """Key ranges for query rows [m0, m0+BLOCK_M): returns (lo, b, c, hi) with lo <= b <= c, all but hi
     multiples of BLOCK_N; [lo, b) and [c, hi) need masking, [b, c) is fully admitted and in bounds.
     Every operand of ``//`` is clamped to >= 0 first: compiled Triton truncates, the interpreter floors."""
@@ -73,10 +81,34 @@ def load_tile(ptrs, row_ok, d_ok, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                 offs_m, offs_d, d_ok, start, end, seqlen_kv, diag_off, win_left, win_right, qk_scale,
-                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-                 HAS_RIGHT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+def _fwd_kv_loop(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    offs_m,
+    offs_d,
+    d_ok,
+    start,
+    end,
+    seqlen_kv,
+    diag_off,
+    win_left,
+    win_right,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Online softmax over key blocks [start, end) (step BLOCK_N). acc [BM, BD] fp32, l_i/m_i [BM] fp32
     (m_i in log2 units, already scaled)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -84,8 +116,13 @@ def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_
         cols = start_n + offs_n
         col_ok = cols < seqlen_kv
         # K^T tile [BD, BN] and V tile [BN, BD]
-        kt = load_tile(k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                       col_ok[None, :], d_ok[:, None], MASKED, EVEN_D)
+        kt = load_tile(
+            k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+            col_ok[None, :],
+            d_ok[:, None],
+            MASKED,
+            EVEN_D,
+        )
         qk = tl.dot(q, kt, input_precision=DOT_PREC)  # [BM, BN] fp32
         if MASKED:
             ok = col_ok[None, :]
@@ -106,8 +143,13 @@ def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                      col_ok[:, None], d_ok[None, :], MASKED, EVEN_D)
+        v = load_tile(
+            v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+            col_ok[:, None],
+            d_ok[None, :],
+            MASKED,
+            EVEN_D,
+        )
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
@@ -115,15 +157,43 @@ def _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_
 
 @triton.jit
 def flash_fwd_kernel(
-    Q, K, V, O, LSE,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_om, stride_od,
-    seqlen_q, seqlen_kv, head_dim, heads_q, group,
-    diag_off, win_left, win_right, qk_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    seqlen_q,
+    seqlen_kv,
+    head_dim,
+    heads_q,
+    group,
+    diag_off,
+    win_left,
+    win_right,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """Grid: 1-D, cdiv(Sq, BLOCK_M) * B * Hq programs (1-D so that B*Hq may exceed 65535).
     Q [B,Hq,Sq,D], K/V [B,Hkv,Skv,D], O [B,Hq,Sq,D] with any strides; LSE [B,Hq,Sq] contiguous fp32."""
@@ -146,28 +216,106 @@ def flash_fwd_kernel(
     d_ok = offs_d < head_dim
     row_ok = offs_m < seqlen_q
 
-    q = load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                  row_ok[:, None], d_ok[None, :], True, EVEN_D)
+    q = load_tile(
+        q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+        row_ok[:, None],
+        d_ok[None, :],
+        True,
+        EVEN_D,
+    )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    lo, b, c, hi = kv_block_range(start_m, seqlen_kv, diag_off, win_left, win_right,
-                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    lo, b, c, hi = kv_block_range(
+        start_m, seqlen_kv, diag_off, win_left, win_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
+    )
     if HAS_LEFT:
-        acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                                     stride_vd, offs_m, offs_d, d_ok, lo, b, seqlen_kv, diag_off,
-                                     win_left, win_right, qk_scale, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
-                                     EVEN_D, DOT_PREC)
-    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                                 stride_vd, offs_m, offs_d, d_ok, b, c, seqlen_kv, diag_off,
-                                 win_left, win_right, qk_scale, BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
-                                 EVEN_D, DOT_PREC)
-    acc, l_i, m_i = _fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                                 stride_vd, offs_m, offs_d, d_ok, c, hi, seqlen_kv, diag_off,
-                                 win_left, win_right, qk_scale, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
-                                 EVEN_D, DOT_PREC)
+        acc, l_i, m_i = _fwd_kv_loop(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            offs_m,
+            offs_d,
+            d_ok,
+            lo,
+            b,
+            seqlen_kv,
+            diag_off,
+            win_left,
+            win_right,
+            qk_scale,
+            BLOCK_N,
+            True,
+            HAS_LEFT,
+            HAS_RIGHT,
+            EVEN_D,
+            DOT_PREC,
+        )
+    acc, l_i, m_i = _fwd_kv_loop(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        d_ok,
+        b,
+        c,
+        seqlen_kv,
+        diag_off,
+        win_left,
+        win_right,
+        qk_scale,
+        BLOCK_N,
+        False,
+        HAS_LEFT,
+        HAS_RIGHT,
+        EVEN_D,
+        DOT_PREC,
+    )
+    acc, l_i, m_i = _fwd_kv_loop(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        d_ok,
+        c,
+        hi,
+        seqlen_kv,
+        diag_off,
+        win_left,
+        win_right,
+        qk_scale,
+        BLOCK_N,
+        True,
+        HAS_LEFT,
+        HAS_RIGHT,
+        EVEN_D,
+        DOT_PREC,
+    )
 
     # rows that admitted no key: l = 0 -> output 0 and LSE -inf (FlashAttention's convention), no NaN
     empty = l_i == 0.0

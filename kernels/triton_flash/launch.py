@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
 
 import torch
 import triton
-
 from attntune.kernels.triton_flash import jit_bwd, jit_fwd
 from attntune.kernels.triton_flash.space import block_d
+
 from attntune.tolerances import tf32_allowed
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -58,8 +57,9 @@ class MaskArgs:
     has_right: bool
 
 
-def mask_args(seqlen_q: int, seqlen_kv: int, causal: bool, causal_align: str,
-              window: Optional[Tuple[int, int]]) -> MaskArgs:
+def mask_args(
+    seqlen_q: int, seqlen_kv: int, causal: bool, causal_align: str, window: tuple[int, int] | None
+) -> MaskArgs:
     if causal_align not in ("bottom_right", "top_left"):
         raise ValueError(f"causal_align: expected 'bottom_right' or 'top_left', got {causal_align!r}")
     off = seqlen_kv - seqlen_q if causal_align == "bottom_right" else 0
@@ -96,7 +96,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"k: heads_q ({Hq}) must be a multiple of heads_kv ({k.shape[1]})")
 
 
-def _launch_opts(config: Dict, warps_key: str, stages_key: str) -> Dict:
+def _launch_opts(config: dict, warps_key: str, stages_key: str) -> dict:
     opts = {"num_warps": int(config[warps_key]), "num_stages": int(config[stages_key])}
     for key in _HIP_KEYS:  # ROCm-only knobs (untested: no ROCm machine was available)
         if key in config:
@@ -104,8 +104,9 @@ def _launch_opts(config: Dict, warps_key: str, stages_key: str) -> Dict:
     return opts
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float,
-            config: Dict) -> Tuple[torch.Tensor, torch.Tensor]:
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float, config: dict
+) -> tuple[torch.Tensor, torch.Tensor]:
     """o [B, Hq, Sq, D] (q's dtype, q's layout when dense), lse [B, Hq, Sq] fp32 (natural log)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
@@ -116,20 +117,47 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, s
     BM, BN, BD = int(config["BLOCK_M"]), int(config["BLOCK_N"]), block_d(D)
     grid = (triton.cdiv(Sq, BM) * B * Hq,)
     jit_fwd.flash_fwd_kernel[grid](
-        q, k, v, o, lse,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Sq, Skv, D, Hq, Hq // Hkv,
-        mask.diag_off, mask.win_left, mask.win_right, sm_scale * math.log2(math.e),
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, HAS_LEFT=mask.has_left, HAS_RIGHT=mask.has_right,
-        EVEN_D=(BD == D), DOT_PREC=dot_precision(q.dtype),
+        q,
+        k,
+        v,
+        o,
+        lse,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *o.stride(),
+        Sq,
+        Skv,
+        D,
+        Hq,
+        Hq // Hkv,
+        mask.diag_off,
+        mask.win_left,
+        mask.win_right,
+        sm_scale * math.log2(math.e),
+        BLOCK_M=BM,
+        BLOCK_N=BN,
+        BLOCK_D=BD,
+        HAS_LEFT=mask.has_left,
+        HAS_RIGHT=mask.has_right,
+        EVEN_D=(BD == D),
+        DOT_PREC=dot_precision(q.dtype),
         **_launch_opts(config, "num_warps", "num_stages"),
     )
     return o, lse
 
 
-def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-             lse: torch.Tensor, mask: MaskArgs, sm_scale: float,
-             config: Dict) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def backward(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    mask: MaskArgs,
+    sm_scale: float,
+    config: dict,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq [B, Hq, Sq, D], dk/dv [B, Hkv, Skv, D] in the inputs' dtype (fp32 accumulation)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
@@ -138,27 +166,80 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return dq.zero_(), dk.zero_(), dv.zero_()
     BD = block_d(D)
     BM, BN = int(config["BWD_BLOCK_M"]), int(config["BWD_BLOCK_N"])
-    common = dict(HAS_LEFT=mask.has_left, HAS_RIGHT=mask.has_right, EVEN_D=(BD == D),
-                  DOT_PREC=dot_precision(q.dtype))
+    common = {
+        "HAS_LEFT": mask.has_left,
+        "HAS_RIGHT": mask.has_right,
+        "EVEN_D": (BD == D),
+        "DOT_PREC": dot_precision(q.dtype),
+    }
     opts = _launch_opts(config, "BWD_WARPS", "BWD_STAGES")
 
     delta = _empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     pre_bm = 64
     jit_bwd.bwd_preprocess_kernel[(triton.cdiv(Sq, pre_bm) * B * Hq,)](
-        o, do, delta, *o.stride(), *do.stride(), Sq, D, Hq, BLOCK_M=pre_bm, BLOCK_D=BD, num_warps=4)
+        o, do, delta, *o.stride(), *do.stride(), Sq, D, Hq, BLOCK_M=pre_bm, BLOCK_D=BD, num_warps=4
+    )
 
     qk_scale = sm_scale * math.log2(math.e)
     jit_bwd.bwd_dkdv_kernel[(triton.cdiv(Skv, BN) * B * Hkv,)](
-        q, k, v, do, lse, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        Sq, Skv, D, Hkv, Hq // Hkv, mask.diag_off, mask.win_left, mask.win_right, qk_scale, sm_scale,
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, **common, **opts,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *do.stride(),
+        *dk.stride(),
+        *dv.stride(),
+        Sq,
+        Skv,
+        D,
+        Hkv,
+        Hq // Hkv,
+        mask.diag_off,
+        mask.win_left,
+        mask.win_right,
+        qk_scale,
+        sm_scale,
+        BLOCK_M=BM,
+        BLOCK_N=BN,
+        BLOCK_D=BD,
+        **common,
+        **opts,
     )
     # the dQ kernel mirrors the roles: BWD_BLOCK_N rows resident, BWD_BLOCK_M keys streamed
     jit_bwd.bwd_dq_kernel[(triton.cdiv(Sq, BN) * B * Hq,)](
-        q, k, v, do, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        Sq, Skv, D, Hq, Hq // Hkv, mask.diag_off, mask.win_left, mask.win_right, qk_scale, sm_scale,
-        BLOCK_M=BN, BLOCK_N=BM, BLOCK_D=BD, **common, **opts,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *do.stride(),
+        *dq.stride(),
+        Sq,
+        Skv,
+        D,
+        Hq,
+        Hq // Hkv,
+        mask.diag_off,
+        mask.win_left,
+        mask.win_right,
+        qk_scale,
+        sm_scale,
+        BLOCK_M=BN,
+        BLOCK_N=BM,
+        BLOCK_D=BD,
+        **common,
+        **opts,
     )
     return dq, dk, dv

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
-
 import torch
-
 from attntune.kernels.triton_flash import launch
 from attntune.kernels.triton_flash.space import default_bwd_config, default_fwd_config
 
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask: launch.MaskArgs, sm_scale: float, config: Dict, bwd_config: Dict):
+    def forward(ctx, q, k, v, mask: launch.MaskArgs, sm_scale: float, config: dict, bwd_config: dict):
         o, lse = launch.forward(q, k, v, mask, sm_scale, config)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.mask, ctx.sm_scale, ctx.bwd_config = mask, sm_scale, bwd_config
@@ -26,10 +23,19 @@ class _FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                    causal_align: str = "bottom_right", window: Optional[Tuple[int, int]] = None,
-                    scale: Optional[float] = None, config: Optional[Dict] = None,
-                    bwd_config: Optional[Dict] = None, return_lse: bool = False):
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    window: tuple[int, int] | None = None,
+    scale: float | None = None,
+    config: dict | None = None,
+    bwd_config: dict | None = None,
+    return_lse: bool = False,
+):
     """Exact softmax attention with Triton flash kernels (forward and backward).
 
     Args:
@@ -65,7 +71,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     launch.check_inputs(q, k, v)
     D = q.shape[-1]
     mask = launch.mask_args(q.shape[2], k.shape[2], causal, causal_align, window)
-    sm_scale = float(D ** -0.5 if scale is None else scale)
+    sm_scale = float(D**-0.5 if scale is None else scale)
     if sm_scale < 0:
         # the kernels fold the scale into the running max (max(qk) * scale), valid only for scale >= 0;
         # q * scale == (-q) * |scale| keeps everything else unchanged, and autograd flips dq back

@@ -6,18 +6,23 @@ Shared by the ``triton_flash`` and ``triton_local`` variants (one definition, no
 from __future__ import annotations
 
 import functools
-from typing import Dict, List
 
 import torch
-
 from attntune.kernels.base import Config, Param, Space
+
 from attntune.problem import AttentionProblem
 
 # Largest dynamic shared memory one program may take, in bytes, by arch (CUDA's "max shared memory
 # per block (opt-in)"; LDS per workgroup on AMD gfx9).
 SMEM_LIMIT = {
-    "sm_90": 227 * 1024, "sm_100": 227 * 1024, "sm_80": 163 * 1024, "sm_87": 163 * 1024,
-    "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_120": 99 * 1024, "sm_75": 64 * 1024,
+    "sm_90": 227 * 1024,
+    "sm_100": 227 * 1024,
+    "sm_80": 163 * 1024,
+    "sm_87": 163 * 1024,
+    "sm_86": 99 * 1024,
+    "sm_89": 99 * 1024,
+    "sm_120": 99 * 1024,
+    "sm_75": 64 * 1024,
     "gfx9": 64 * 1024,
 }
 # The interpreter has no shared memory; it is given Hopper's limit so that the CPU tests walk the
@@ -25,7 +30,7 @@ SMEM_LIMIT = {
 INTERPRETER_ARCH = "sm_90"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_arch(device_type: str) -> str:
     """``sm_90``-style arch of the current device, ``gfx9`` for AMD CDNA/GCN, the interpreter's stand-in
     on the CPU."""
@@ -71,6 +76,7 @@ def bwd_regs_per_thread(bm: int, bn: int, bd: int, warps: int) -> float:
     (KBs of stack) above ~160; between, spills are mild and timing decides."""
     return (2 * bn * bd + 2 * bn * bm) / (32 * warps)
 
+
 def _elem(dtype: torch.dtype) -> int:
     return torch.tensor([], dtype=dtype).element_size()
 
@@ -100,19 +106,31 @@ def default_bwd_config(head_dim: int, dtype: torch.dtype) -> Config:
 
 # Domains. Forward-only problems get the full forward grid; forward+backward problems a narrower
 # forward grid (the backward dominates their time) times the backward grid, to stay in the hundreds.
-FWD_CHOICES = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8),
-               "num_stages": (1, 2, 3, 4)}
-FWD_CHOICES_TRAINING = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8),
-                        "num_stages": (2, 3)}
-BWD_CHOICES = {"BWD_BLOCK_M": (16, 32, 64), "BWD_BLOCK_N": (64, 128), "BWD_WARPS": (4, 8),
-               "BWD_STAGES": (1, 2)}
+FWD_CHOICES = {
+    "BLOCK_M": (32, 64, 128),
+    "BLOCK_N": (32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (1, 2, 3, 4),
+}
+FWD_CHOICES_TRAINING = {
+    "BLOCK_M": (64, 128),
+    "BLOCK_N": (32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3),
+}
+BWD_CHOICES = {
+    "BWD_BLOCK_M": (16, 32, 64),
+    "BWD_BLOCK_N": (64, 128),
+    "BWD_WARPS": (4, 8),
+    "BWD_STAGES": (1, 2),
+}
 # ROCm only (Triton's HIP backend options). UNTESTED: no ROCm machine was available to this project.
 HIP_CHOICES = {"waves_per_eu": (0, 1, 2), "matrix_instr_nonkdim": (16, 32)}
 FWD_REG_LIMIT = 128
 BWD_REG_LIMIT = 160
 
 
-def constraint_reasons(config: Config, head_dim: int, dtype: torch.dtype, arch: str) -> List[str]:
+def constraint_reasons(config: Config, head_dim: int, dtype: torch.dtype, arch: str) -> list[str]:
     """Why a config would not compile, not fit, or spill badly on ``arch`` (empty = fine)."""
     bd, es, limit = block_d(head_dim), _elem(dtype), smem_limit(arch)
     out = []
@@ -155,5 +173,6 @@ def flash_space(problem: AttentionProblem, local: bool = False) -> Space:
         default.update(default_bwd_config(d, dtype))
     if hip:
         default.update({"waves_per_eu": 2, "matrix_instr_nonkdim": 16})
-    return Space(params=params, default=default,
-                 constraint=lambda cfg: constraint_reasons(cfg, d, dtype, arch))
+    return Space(
+        params=params, default=default, constraint=lambda cfg: constraint_reasons(cfg, d, dtype, arch)
+    )

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import List, Optional
 
 import torch
-
 from attntune.kernels.base import Config, Variant
 from attntune.kernels.triton_flash.space import flash_space
+
 from attntune.problem import AttentionProblem
 
 MAX_HEAD_DIM = 256
@@ -20,12 +19,18 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 # hashed into the tuned rows' fingerprint; the Triton-importing modules only where Triton exists
 # (hashing imports them), so that supports() can still say "triton is not installed"
 SOURCE_MODULES = (
-    ("attntune.kernels.triton_flash.jit_fwd", "attntune.kernels.triton_flash.jit_bwd",
-     "attntune.kernels.triton_flash.launch", "attntune.kernels.triton_flash.op") if HAS_TRITON else ()
+    (
+        "attntune.kernels.triton_flash.jit_fwd",
+        "attntune.kernels.triton_flash.jit_bwd",
+        "attntune.kernels.triton_flash.launch",
+        "attntune.kernels.triton_flash.op",
+    )
+    if HAS_TRITON
+    else ()
 ) + ("attntune.kernels.triton_flash.space", "attntune.kernels.triton_flash.variant")
 
 
-def flash_reasons(problem: AttentionProblem) -> List[str]:
+def flash_reasons(problem: AttentionProblem) -> list[str]:
     """Reasons the flash kernels cannot take ``problem`` here (empty = they can)."""
     out = []
     if problem.device_type == "cpu":
@@ -52,14 +57,21 @@ class FlashVariantBase(Variant):
     family = "triton"
     local = False
 
-    def supports(self, problem: AttentionProblem) -> List[str]:
+    def supports(self, problem: AttentionProblem) -> list[str]:
         return flash_reasons(problem)
 
     def space(self, problem: AttentionProblem):
         return flash_space(problem, local=self.local)
 
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem,
-            config: Config, kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        problem: AttentionProblem,
+        config: Config,
+        kv_lens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         from attntune.kernels.triton_flash.op import flash_attention  # imports triton: only when run
 
         hip = {key: config[key] for key in HIP_KEYS if key in config}
@@ -69,5 +81,14 @@ class FlashVariantBase(Variant):
         if "BWD_BLOCK_M" in config:
             bwd = {key: config[key] for key in BWD_KEYS}
             bwd.update(hip)
-        return flash_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align,
-                               window=problem.window, scale=problem.scale, config=fwd, bwd_config=bwd)
+        return flash_attention(
+            q,
+            k,
+            v,
+            causal=problem.causal,
+            causal_align=problem.causal_align,
+            window=problem.window,
+            scale=problem.scale,
+            config=fwd,
+            bwd_config=bwd,
+        )
