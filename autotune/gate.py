@@ -145,45 +145,61 @@ def exact_matmul() -> Iterator[None]:
         torch.set_float32_matmul_precision(old)
 
 
+def reference_chunks(problem: AttentionProblem, ref_dtype: torch.dtype, bwd: bool, budget: int):
+    """The chunking of :func:`chunked_reference`: (batch elements, kv heads, query heads of one kv head)
+    per chunk. Whole kv-head groups and then batch elements are packed while the materialised scores of
+    a chunk (Sq·Skv per query head, plus softmax temporaries) stay under ``budget`` bytes; a single
+    huge head is split over its query heads."""
+    grp = problem.group
+    per_q = max(problem.seqlen_q, 1) * max(problem.seqlen_kv, 1) * ref_dtype.itemsize * (6 if bwd else 4)
+    if per_q * grp * problem.heads_kv <= budget:
+        return max(1, min(problem.batch, budget // (per_q * grp * problem.heads_kv))), problem.heads_kv, grp
+    if per_q * grp <= budget:
+        return 1, budget // (per_q * grp), grp
+    return 1, 1, max(1, budget // per_q)
+
+
 def chunked_reference(
     q, k, v, problem: AttentionProblem, kv_lens, ref_dtype: torch.dtype, dout: Optional[torch.Tensor] = None
 ):
     """Reference output ``[B, Hq, Sq, Dv]`` (and dq, dk, dv when ``dout`` is given) in ``ref_dtype``,
-    computed over chunks of batch elements and kv heads so that the materialised scores of one chunk
-    stay under ``REF_CHUNK_BYTES`` (a 32k x 32k score matrix per head does not fit many times over)."""
+    computed chunk by chunk (:func:`reference_chunks`) so the memory of the materialised scores stays
+    bounded by ``REF_CHUNK_BYTES`` (one 32k x 32k fp32 score matrix alone is 4 GiB)."""
     b_all, hkv_all, grp = problem.batch, problem.heads_kv, problem.group
     bwd = dout is not None
-    per_head = (
-        grp * max(problem.seqlen_q, 1) * max(problem.seqlen_kv, 1) * ref_dtype.itemsize * (6 if bwd else 4)
-    )
     budget = REF_CHUNK_BYTES.get(q.device.type, REF_CHUNK_BYTES["cpu"])
-    hc = max(1, min(hkv_all, budget // per_head))
-    bc = max(1, min(b_all, budget // (per_head * hkv_all))) if hc == hkv_all else 1
+    bc, hc, qc = reference_chunks(problem, ref_dtype, bwd, budget)
     out = torch.empty(
         b_all, problem.heads_q, problem.seqlen_q, problem.head_dim_v, device=q.device, dtype=ref_dtype
     )
-    grads = tuple(torch.empty(t.shape, device=q.device, dtype=ref_dtype) for t in (q, k, v)) if bwd else None
+    # dk/dv sum over the query heads of their group, which may span several chunks: accumulate.
+    grads = tuple(torch.zeros(t.shape, device=q.device, dtype=ref_dtype) for t in (q, k, v)) if bwd else None
     with exact_matmul(), torch.enable_grad() if bwd else torch.no_grad():
         for b0 in range(0, b_all, bc):
             b1 = min(b0 + bc, b_all)
             for h0 in range(0, hkv_all, hc):
                 h1 = min(h0 + hc, hkv_all)
-                qh = slice(h0 * grp, h1 * grp)
-                sub = problem.model_copy(
-                    update=dict(batch=b1 - b0, heads_q=(h1 - h0) * grp, heads_kv=h1 - h0)
-                )
-                qs = q[b0:b1, qh].to(ref_dtype).requires_grad_(bwd)
-                ks = k[b0:b1, h0:h1].to(ref_dtype).requires_grad_(bwd)
-                vs = v[b0:b1, h0:h1].to(ref_dtype).requires_grad_(bwd)
-                kl = kv_lens[b0:b1] if kv_lens is not None else None
-                o = masked_softmax_attention(qs, ks, vs, sub, kl, compute_dtype=ref_dtype)
-                out[b0:b1, qh] = o.detach()
-                if bwd:
-                    gq, gk, gv = torch.autograd.grad(o, (qs, ks, vs), dout[b0:b1, qh].to(ref_dtype))
-                    grads[0][b0:b1, qh] = gq
-                    grads[1][b0:b1, h0:h1] = gk
-                    grads[2][b0:b1, h0:h1] = gv
-                del o, qs, ks, vs
+                for j0 in range(0, grp, qc):
+                    j1 = min(j0 + qc, grp)
+                    if qc == grp:  # whole groups of kv heads h0..h1
+                        qh = slice(h0 * grp, h1 * grp)
+                        sub = dict(batch=b1 - b0, heads_q=(h1 - h0) * grp, heads_kv=h1 - h0)
+                    else:  # part of the query heads of kv head h0 (hc == 1)
+                        qh = slice(h0 * grp + j0, h0 * grp + j1)
+                        sub = dict(batch=b1 - b0, heads_q=j1 - j0, heads_kv=1)
+                    sub_problem = problem.model_copy(update=sub)
+                    qs = q[b0:b1, qh].to(ref_dtype).requires_grad_(bwd)
+                    ks = k[b0:b1, h0:h1].to(ref_dtype).requires_grad_(bwd)
+                    vs = v[b0:b1, h0:h1].to(ref_dtype).requires_grad_(bwd)
+                    kl = kv_lens[b0:b1] if kv_lens is not None else None
+                    o = masked_softmax_attention(qs, ks, vs, sub_problem, kl, compute_dtype=ref_dtype)
+                    out[b0:b1, qh] = o.detach()
+                    if bwd:
+                        gq, gk, gv = torch.autograd.grad(o, (qs, ks, vs), dout[b0:b1, qh].to(ref_dtype))
+                        grads[0][b0:b1, qh] = gq
+                        grads[1][b0:b1, h0:h1] += gk
+                        grads[2][b0:b1, h0:h1] += gv
+                    del o, qs, ks, vs
     return out, grads
 
 

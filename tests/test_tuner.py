@@ -596,10 +596,16 @@ def test_suites_materialize_with_dtype_and_mode():
     assert json.loads(res.output)["default"]["problems"] == len(SUITES["default"].templates())
 
 
-def test_gate_reference_is_chunked_without_changing_the_result(monkeypatch):
+@pytest.mark.parametrize("budget_units", [0, 1, 3, 8, 16])
+def test_gate_reference_is_chunked_without_changing_the_result(monkeypatch, budget_units):
+    # hq 8 / hkv 2 (groups of 4), B 3: budgets of 0, 1, 3, 8 and 16 query heads' worth of scores give
+    # chunks of one query head, three query heads of one kv head, one batch element, two batch elements.
     p = prob(b=3, hq=8, hkv=2, sq=24, skv=40, causal=True, kv_lens=True, mode="fwd_bwd")
     whole = gate.prepare(p, torch.device("cpu"), seed=1)
-    monkeypatch.setitem(gate.REF_CHUNK_BYTES, "cpu", 1)  # one batch element and kv head per chunk
+    per_q = p.seqlen_q * p.seqlen_kv * 8 * 6
+    expected = {0: (1, 1, 1), 1: (1, 1, 1), 3: (1, 1, 3), 8: (1, 2, 4), 16: (2, 2, 4)}[budget_units]
+    assert gate.reference_chunks(p, torch.float64, True, max(budget_units * per_q, 1)) == expected
+    monkeypatch.setitem(gate.REF_CHUNK_BYTES, "cpu", max(budget_units * per_q, 1))
     parts = gate.prepare(p, torch.device("cpu"), seed=1)
     assert torch.equal(whole.q, parts.q) and torch.equal(whole.kv_lens, parts.kv_lens)
     torch.testing.assert_close(parts.ref_out, whole.ref_out, rtol=0, atol=1e-12)
@@ -607,3 +613,4 @@ def test_gate_reference_is_chunked_without_changing_the_result(monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     assert int(whole.kv_lens[0]) == p.seqlen_kv and whole.kv_lens.min() >= 1
     assert bool((whole.q != 0).all() and (whole.v != 0).all())  # random, never zeros
+    assert whole.ref_dtype == torch.float64

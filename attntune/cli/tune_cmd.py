@@ -184,6 +184,9 @@ def tune(
 
     Resumable: finished keys are kept (skipped on the next run unless --force) and a key interrupted
     mid-way continues from its optuna study. Ctrl-C stops cleanly.
+
+    Example: attntune tune --shape b=4,hq=32,hkv=8,sq=2048,d=128,causal=1
+    --shape hq=32,hkv=8,sq=1,skv=8192,d=128,kv_lens=1
     """
     from attntune.autotune.runner import Interrupted, run_tuning
     from attntune.autotune.shapes import ShapeSpecError, parse_shape
