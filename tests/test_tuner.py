@@ -614,3 +614,63 @@ def test_gate_reference_is_chunked_without_changing_the_result(monkeypatch, budg
     assert int(whole.kv_lens[0]) == p.seqlen_kv and whole.kv_lens.min() >= 1
     assert bool((whole.q != 0).all() and (whole.v != 0).all())  # random, never zeros
     assert whole.ref_dtype == torch.float64
+
+
+# ---- on a GPU (skipped without one) ---------------------------------------------------------------
+
+
+def gpu_prob(**kw) -> AttentionProblem:
+    base = dict(
+        batch=2,
+        heads_q=8,
+        heads_kv=2,
+        seqlen_q=256,
+        seqlen_kv=256,
+        head_dim=64,
+        head_dim_v=64,
+        dtype="bfloat16",
+        device_type="cuda",
+    )
+    base.update(kw)
+    return AttentionProblem(**base)
+
+
+@pytest.mark.gpu
+def test_gpu_tune_with_every_registered_variant(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNTUNE_VARIANTS")  # the real candidates: SDPA backends and the Triton kernels
+    problems = [
+        gpu_prob(causal=True),
+        gpu_prob(seqlen_q=1, seqlen_kv=1024, kv_lens=True),
+        gpu_prob(causal=True, mode="fwd_bwd"),
+        gpu_prob(causal=True, window=(64, 0)),
+    ]
+    store = CacheStore(tmp_path / "c.db")
+    results = run_tuning(problems, cache=store, trials=8, timing=QUICK)
+    assert [r.status for r in results] == ["tuned"] * len(problems), [(r.status, r.reason) for r in results]
+    for r in results:
+        assert judge(store.raw_winner(r.key_id), "user").status == "valid"
+        assert r.record.sdpa_default_ms is not None and r.record.max_error is not None
+        assert r.record.key.device.backend in ("cuda", "rocm")
+        for t in store.trials(r.key_id):
+            assert t["status"] in ("ok", "pruned") or t["reason"], t
+
+
+class GpuUnwritten(_TestVariant):
+    """Allocates its output with torch.empty and leaves the last query row unwritten."""
+
+    name = "t_gpu_unwritten"
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        out = torch.empty(q.shape[:3] + (v.shape[-1],), device=q.device, dtype=q.dtype)
+        ref = sdpa_exact(q, k, v, problem, kv_lens)
+        out[:, :, :-1] = ref[:, :, :-1]
+        return out
+
+
+@pytest.mark.gpu
+def test_gpu_gate_poisons_the_allocator_so_unwritten_outputs_fail():
+    p = gpu_prob(heads_kv=8)
+    inp = gate.prepare(p, torch.device("cuda"), seed=3)
+    res = gate.check(GpuUnwritten(), {}, inp)
+    assert res.status == "wrong" and "NaN" in res.reason, res
+    assert inp.ref_dtype == torch.float64  # a small problem: float64 reference on the GPU too
