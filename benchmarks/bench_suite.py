@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/suite_h200.json")
     ap.add_argument("--groups", default="dense,training,decode,window,fp32")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--flex-groups", default="window,dense,training",
+                    help="groups where FlexAttention is compiled and timed (each shape costs a compile)")
     ap.add_argument("--fp32-precision", default="high", help="matmul precision for the fp32 group")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "bench_suite needs a GPU"
@@ -142,7 +144,7 @@ def main():
                 impls[name] = (lambda var_: lambda q_, k_, v_: var_.run(q_, k_, v_, prob, {}, kv_lens))(var)
             else:
                 row["errors"][name] = "; ".join(var.supports(prob))
-        if not args.no_flex and cs["group"] in ("window", "dense", "training") and (cs["s"] >= 2048 or cs.get("window")):
+        if not args.no_flex and cs["group"] in args.flex_groups.split(",") and (cs["s"] >= 2048 or cs.get("window")):
             f = flex_fn(cs, q)
             if f is not None:
                 impls["flex"] = f

@@ -9,6 +9,8 @@ mkdir -p "$OUT"
 W=$(mktemp -d)
 STAGES=${STAGES:-"tests tune suite flash decode dispatch e2e"}
 TUNE_SUITE=${TUNE_SUITE:-default}
+TUNE_ARGS=${TUNE_ARGS:-}          # e.g. "--trials 8 --time-limit 200" when device time is short
+T_TESTS=${T_TESTS:-900}; T_SUITE=${T_SUITE:-900}; T_E2E=${T_E2E:-600}; T_BENCH=${T_BENCH:-600}
 export PYTHONUNBUFFERED=1
 log() { echo "[run_gpu $(date +%H:%M:%S)] $*"; }
 
@@ -21,20 +23,21 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 for st in $STAGES; do
   t0=$(date +%s); log "stage $st"
   case $st in
-    tests)    timeout 900 python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; tail -5 "$W/gpu_tests.log" ;;
+    tests)    timeout $T_TESTS python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; tail -5 "$W/gpu_tests.log" ;;
     tune)     rm -f "$W/cache.db" "$W/optuna.db"
-              /usr/bin/time -v timeout 1200 attntune tune --suite "$TUNE_SUITE" --cache "$W/cache.db" \
-                  --storage "sqlite:///$W/optuna.db" > "$W/tune.log" 2> "$W/tune.time"
-              echo "rc=$?" >> "$W/tune.log"; tail -40 "$W/tune.log"
+              t1=$(date +%s)
+              timeout 1800 attntune tune --suite "$TUNE_SUITE" --cache "$W/cache.db" \
+                  --storage "sqlite:///$W/optuna.db" $TUNE_ARGS > "$W/tune.log" 2>&1
+              echo "rc=$? wall_s=$(( $(date +%s) - t1 )) args: --suite $TUNE_SUITE $TUNE_ARGS" >> "$W/tune.log"; tail -45 "$W/tune.log"
               attntune show --cache "$W/cache.db" --no-system --json > "$W/tuned_winners.json" 2>/dev/null
               cp "$W/cache.db" "$OUT/cache.db" 2>/dev/null ;;
     suite)    CACHE_ARG=${ATTNTUNE_CACHE:-$W/cache.db}
-              ATTNTUNE_CACHE=$CACHE_ARG python3 benchmarks/bench_suite.py --out "$W/suite.json" ${SUITE_ARGS:-} > "$W/suite.log" 2>&1; tail -60 "$W/suite.log" ;;
-    flash)    python3 benchmarks/bench_flash.py --out "$W/flash.json" > "$W/flash.log" 2>&1; tail -30 "$W/flash.log" ;;
-    decode)   python3 benchmarks/bench_decode.py --out "$W/decode.json" > "$W/decode.log" 2>&1; tail -30 "$W/decode.log" ;;
-    dispatch) ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} python3 benchmarks/bench_dispatch.py --out "$W/dispatch_gpu.json" > "$W/dispatch.log" 2>&1; tail -15 "$W/dispatch.log" ;;
-    e2e)      ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} python3 benchmarks/e2e_gpt.py --out "$W/e2e_gpt.json" > "$W/e2e.log" 2>&1; tail -25 "$W/e2e.log" ;;
-    regret)   python3 benchmarks/regret.py --out "$W/regret.json" > "$W/regret.log" 2>&1; tail -20 "$W/regret.log" ;;
+              ATTNTUNE_CACHE=$CACHE_ARG timeout $T_SUITE python3 benchmarks/bench_suite.py --out "$W/suite.json" ${SUITE_ARGS:-} > "$W/suite.log" 2>&1; tail -60 "$W/suite.log" ;;
+    flash)    timeout $T_BENCH python3 benchmarks/bench_flash.py --out "$W/flash.json" > "$W/flash.log" 2>&1; tail -30 "$W/flash.log" ;;
+    decode)   timeout $T_BENCH python3 benchmarks/bench_decode.py --out "$W/decode.json" > "$W/decode.log" 2>&1; tail -30 "$W/decode.log" ;;
+    dispatch) ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_BENCH python3 benchmarks/bench_dispatch.py --out "$W/dispatch_gpu.json" > "$W/dispatch.log" 2>&1; tail -15 "$W/dispatch.log" ;;
+    e2e)      ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_E2E python3 benchmarks/e2e_gpt.py --out "$W/e2e_gpt.json" > "$W/e2e.log" 2>&1; tail -25 "$W/e2e.log" ;;
+    regret)   timeout $T_BENCH python3 benchmarks/regret.py --out "$W/regret.json" > "$W/regret.log" 2>&1; tail -20 "$W/regret.log" ;;
     *)        log "unknown stage $st" ;;
   esac
   log "stage $st took $(( $(date +%s) - t0 )) s"
