@@ -103,13 +103,12 @@ def _config_reasons(variant, problem: AttentionProblem, config) -> List[str]:
         return [f"space() raised {type(e).__name__}: {e}"]
 
 
-def usable(name: str, config: Optional[dict], problem: AttentionProblem, quarantine: Quarantine,
-           env: bool = True) -> List[str]:
+def usable(name: str, config: Optional[dict], problem: AttentionProblem, quarantine: Quarantine) -> List[str]:
     """Why ``name`` (with ``config``; None = its default config) cannot serve ``problem`` now."""
     if not registry.exists(name):
         return [f"variant {name!r} is not registered"]
     v = registry.get(name)
-    out = registry.reasons(v, problem) if env else _supports(v, problem)
+    out = registry.reasons(v, problem)
     if out:
         return out
     if config is not None:
@@ -148,13 +147,17 @@ def _make(name: str, config: Optional[dict], source: str, problem: AttentionProb
 
 
 # ---- the individual decisions -----------------------------------------------------------------------
-def fallback_plan(problem: AttentionProblem, key: Optional[TuneKey], why: Sequence[str]) -> Plan:
-    """torch SDPA if it supports ``problem``, else eager (which runs every exact problem)."""
+def fallback_plan(problem: AttentionProblem, key: Optional[TuneKey], why: Sequence[str],
+                  quarantine: Quarantine = frozenset()) -> Plan:
+    """torch SDPA if it supports ``problem`` (and has not failed in this process), else eager (which
+    runs every exact problem)."""
     notes = list(why)
     for name in FALLBACK_CHAIN:
         if not registry.exists(name):
             continue
         r = _supports(registry.get(name), problem)
+        if not r and (name, _cfg_json(registry.get(name).space(problem).first())) in quarantine:
+            r = ["quarantined (failed earlier in this process)"]
         if not r:
             return _make(name, None, "fallback", problem, key, notes + [f"safe fallback: {name}"])
         notes.append(f"{name}: {'; '.join(r)}")
@@ -188,7 +191,7 @@ def heuristic_plan(problem: AttentionProblem, key: Optional[TuneKey], quarantine
         if runner_up is not None:
             break
     if chosen is None:
-        return fallback_plan(problem, key, notes + ["no heuristic rule found a usable variant"])
+        return fallback_plan(problem, key, notes + ["no heuristic rule found a usable variant"], quarantine)
     return _make(chosen[0], None, "heuristic", problem, key, notes + [chosen[1]], runner_up=runner_up)
 
 
@@ -201,7 +204,8 @@ def fixed_plan(problem: AttentionProblem, key: Optional[TuneKey], name: str, qua
         return heuristic_plan(problem, key, quarantine, [f"fixed variant {name!r} does not exist"])
     r = usable(name, None, problem, quarantine)
     if r:
-        return fallback_plan(problem, key, [f"fixed variant {name} cannot run this problem: {'; '.join(r)}"])
+        return fallback_plan(problem, key, [f"fixed variant {name} cannot run this problem: {'; '.join(r)}"],
+                             quarantine)
     return _make(name, None, "fixed", problem, key, [f"ATTNTUNE_POLICY=fixed:{name}"])
 
 

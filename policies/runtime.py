@@ -218,7 +218,7 @@ class Runtime:
                 self.warn_once(f"quarantine:{tag}",
                           f"{plan.variant} {plan.config_json} failed on {plan.problem.short()} ({why}); "
                           "it is quarantined for this process and calls fall back to torch SDPA/eager")
-            fb = fallback_plan(plan.problem, plan.key, [f"{plan.variant} failed here: {why}"])
+            fb = fallback_plan(plan.problem, plan.key, [f"{plan.variant} failed here: {why}"], self.quarantine)
             for ck, p in list(self.plans.items()):
                 if p is plan or ck[0] == plan.problem:
                     self.plans[ck] = fb  # this problem: the safe fallback from now on
