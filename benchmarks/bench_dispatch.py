@@ -240,7 +240,7 @@ def cuda_graph_check(device: torch.device) -> Dict[str, object]:
                     torch.cuda.synchronize()
                     errs.append(float((out.float() - eager.float()).abs().max()))
                 plan = attntune.explain(q, k, v, **kw)
-            entry.update(ok=max(errs) <= 1e-3, max_abs_err=max(errs), variant=plan.variant, source=plan.source)
+            entry.update(ok=max(errs) <= 4e-3, max_abs_err=max(errs), variant=plan.variant, source=plan.source)
         except Exception as e:  # noqa: BLE001 — report, do not hide
             entry.update(ok=False, error=f"{type(e).__name__}: {e}")
         results.append(entry)
