@@ -21,7 +21,7 @@ class GPTConfig:
     d_model: int = 1024
     n_heads: int = 16
     n_kv_heads: int = 16
-    n_layers: int = 4
+    n_layers: int = 2
     window: Optional[int] = None  # keys to the left (inclusive of the diagonal: i-window .. i)
 
 

@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 for st in $STAGES; do
   t0=$(date +%s); log "stage $st"
   case $st in
-    tests)    timeout $T_TESTS python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; tail -5 "$W/gpu_tests.log" ;;
+    tests)    timeout $T_TESTS python3 -m pytest -q -m gpu ${TEST_PATHS:-tests} -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; tail -5 "$W/gpu_tests.log" ;;
     tune)     rm -f "$W/cache.db" "$W/optuna.db"
               t1=$(date +%s)
               timeout 1800 attntune tune --suite "$TUNE_SUITE" --cache "$W/cache.db" \
