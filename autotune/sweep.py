@@ -44,7 +44,7 @@ from attntune.autotune import gate
 from attntune.autotune.retry import retry_locked
 from attntune.autotune.space import SearchSpace, config_id
 from attntune.autotune.study import open_study
-from attntune.autotune.timing import PRUNE_RATIO, Timer, TimingOptions, make_call
+from attntune.autotune.timing import PRUNE_RATIO, Timer, TimingOptions, graph_timed, make_call
 from attntune.cache.models import WinnerRecord, judge, utcnow
 from attntune.cache.store import CacheStore
 from attntune.device import software_fingerprint
@@ -384,7 +384,7 @@ class KeyTuner:
         if not g.ok:
             return Outcome(g.status, g.reason, max_error=g.max_error, rel_error=g.rel_error)
         fn, grads = make_call(variant, cfg, inputs, grads=self.problem.mode == "fwd_bwd")
-        timer = Timer(self.device, self.opt.timing)
+        timer = Timer(self.device, self.opt.timing, graphs=graph_timed(self.problem))
         cheap = None
         try:
             # Nothing to compare against before the first success; and the baseline's full time goes
@@ -525,7 +525,7 @@ class KeyTuner:
             if not gate.check(variant, cfg, inputs).ok:
                 return None
             fn, grads = make_call(variant, cfg, inputs, grads=self.problem.mode == "fwd_bwd")
-            return Timer(self.device, self.opt.timing).full(fn, grads)
+            return Timer(self.device, self.opt.timing, graphs=graph_timed(self.problem)).full(fn, grads)
         except Exception:  # noqa: BLE001 — the record then simply has no baseline
             if self.device.type == "cuda":
                 _free_device_memory(self.device)

@@ -7,6 +7,13 @@ run it once, so compilation (Triton JIT) never lands in a measurement.
 
 Early stop: :meth:`Timer.cheap` is a quick first measurement; the sweep drops a config whose cheap time
 is already more than ``PRUNE_RATIO`` times the best full time of the key (recorded as ``pruned``).
+
+Decode keys (GPU, forward only, ``seqlen_q <= 16``) are ranked by device time under CUDA graphs, as
+serving frameworks capture decode: an eager measurement of a ~10 µs kernel is mostly Python and driver
+launch cost on the host (H200 VM: 30-90 µs), which would rank configs by how few launches they make
+rather than by what the GPU does. Each replayed call is preceded by an L2 flush inside the graph, and
+the flush's own time (a flush-only graph) is subtracted, so K/V come from device memory as in serving.
+A variant that cannot be captured (host synchronisation inside) falls back to eager events.
 """
 
 from __future__ import annotations
@@ -79,16 +86,30 @@ def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Calla
     return fwd_bwd, [q, k, v]
 
 
-class Timer:
-    """Measures calls on one device. Created once per key by the sweep."""
+GRAPH_FLUSH_BYTES = 64 << 20  # > H200's 60 MB L2; small enough that subtracting it stays precise
+GRAPH_CALLS = 20  # calls per captured graph
+GRAPH_REPLAYS = 15
 
-    def __init__(self, device: torch.device, options: Optional[TimingOptions] = None):
+
+def graph_timed(problem) -> bool:
+    """Whether a key is ranked under CUDA graphs (see module docstring): GPU decode, forward only."""
+    return problem.device_type == "cuda" and problem.mode == "fwd" and problem.seqlen_q <= 16
+
+
+class Timer:
+    """Measures calls on one device. Created once per key by the sweep; ``graphs`` selects CUDA-graph
+    timing (decode keys, :func:`graph_timed`)."""
+
+    def __init__(self, device: torch.device, options: Optional[TimingOptions] = None, graphs: bool = False):
         self.device = device
         self.opt = options or TimingOptions()
+        self.graphs = graphs and device.type == "cuda"
 
     def cheap(self, fn: Callable[[], None], grad_to_none: list) -> float:
         """A quick estimate (ms) for early stopping: a handful of calls (the gate already warmed the call
         up). Not do_bench: its runtime estimate alone costs 6 calls, seconds for a slow eager variant."""
+        if self.graphs:
+            return self._gpu_graph(fn, replays=3)
         if self.device.type == "cuda":
             return self._gpu_events(fn, grad_to_none, reps=self.opt.gpu_cheap_reps)
         return self._cpu(
@@ -97,6 +118,8 @@ class Timer:
 
     def full(self, fn: Callable[[], None], grad_to_none: list) -> float:
         """The recorded measurement (ms): median over many calls."""
+        if self.graphs:
+            return self._gpu_graph(fn, replays=GRAPH_REPLAYS)
         if self.device.type == "cuda":
             return self._gpu(fn, grad_to_none, warmup=self.opt.gpu_warmup_ms, rep=self.opt.gpu_rep_ms)
         o = self.opt
@@ -112,6 +135,50 @@ class Timer:
         with torch.cuda.device(self.device):
             ms = do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none or None, return_mode="median")
         return float(ms)
+
+    def _gpu_graph(self, fn, replays: int) -> float:
+        """Median per-call device time (ms) of ``fn`` captured GRAPH_CALLS times in one CUDA graph, each
+        call after an L2 flush, minus the flush alone. Falls back to eager events if capture fails."""
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        with torch.cuda.device(dev):
+            flush = torch.empty(GRAPH_FLUSH_BYTES, dtype=torch.int8, device=dev)
+            try:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # warm-up off the capture stream, as torch requires
+                    for _ in range(2):
+                        flush.zero_()
+                        fn()
+                torch.cuda.current_stream().wait_stream(side)
+                work, flush_only = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+                with torch.cuda.graph(work):
+                    for _ in range(GRAPH_CALLS):
+                        flush.zero_()
+                        fn()
+                with torch.cuda.graph(flush_only):
+                    for _ in range(GRAPH_CALLS):
+                        flush.zero_()
+            except Exception:  # noqa: BLE001 — not capturable: measure eagerly instead
+                torch.cuda.synchronize(dev)
+                return self._gpu_events(fn, [], reps=max(3, self.opt.gpu_cheap_reps))
+
+            def per_replay(g) -> List[float]:
+                g.replay()  # first replay uploads the graph
+                out = []
+                for _ in range(replays):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    g.replay()
+                    b.record()
+                    b.synchronize()
+                    out.append(a.elapsed_time(b))
+                return out
+
+            total = statistics.median(per_replay(work))
+            base = statistics.median(per_replay(flush_only))
+            del work, flush_only
+        return max(total - base, 1e-6) / GRAPH_CALLS
 
     def _gpu_events(self, fn, grad_to_none, reps: int) -> float:
         torch.cuda.synchronize(self.device)

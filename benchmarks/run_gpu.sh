@@ -31,13 +31,20 @@ for st in $STAGES; do
               echo "rc=$? wall_s=$(( $(date +%s) - t1 )) args: --suite $TUNE_SUITE $TUNE_ARGS" >> "$W/tune.log"; tail -45 "$W/tune.log"
               attntune show --cache "$W/cache.db" --no-system --json > "$W/tuned_winners.json" 2>/dev/null
               cp "$W/cache.db" "$OUT/cache.db" 2>/dev/null ;;
+    retune)   # re-tune some keys (RETUNE_ARGS: --shape … --trials N) on top of the shipped cache.db
+              cp cache.db "$W/cache.db"
+              timeout ${T_RETUNE:-600} attntune tune --cache "$W/cache.db" --storage memory --force $RETUNE_ARGS \
+                  > "$W/retune.log" 2>&1; echo "rc=$?" >> "$W/retune.log"; tail -30 "$W/retune.log"
+              attntune show --cache "$W/cache.db" --no-system --json > "$W/tuned_winners.json" 2>/dev/null
+              cp "$W/cache.db" "$OUT/cache.db" ;;
+    doctor)   attntune doctor --json > "$W/doctor.json" 2>&1; python3 -c "import json;d=json.load(open('$W/doctor.json'));print([(c['layer'],c['rows'],c['valid'],c['stale'],c['rejected']) for c in d['caches']])" ;;
     suite)    CACHE_ARG=${ATTNTUNE_CACHE:-$W/cache.db}
               ATTNTUNE_CACHE=$CACHE_ARG timeout $T_SUITE python3 benchmarks/bench_suite.py --out "$W/suite.json" ${SUITE_ARGS:-} > "$W/suite.log" 2>&1; tail -60 "$W/suite.log" ;;
     flash)    timeout $T_BENCH python3 benchmarks/bench_flash.py --out "$W/flash.json" > "$W/flash.log" 2>&1; tail -30 "$W/flash.log" ;;
     decode)   timeout $T_BENCH python3 benchmarks/bench_decode.py --out "$W/decode.json" > "$W/decode.log" 2>&1; tail -30 "$W/decode.log" ;;
     dispatch) ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_BENCH python3 benchmarks/bench_dispatch.py --out "$W/dispatch_gpu.json" > "$W/dispatch.log" 2>&1; tail -15 "$W/dispatch.log" ;;
     e2e)      ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_E2E python3 benchmarks/e2e_gpt.py --out "$W/e2e_gpt.json" > "$W/e2e.log" 2>&1; tail -25 "$W/e2e.log" ;;
-    regret)   timeout $T_BENCH python3 benchmarks/regret.py --out "$W/regret.json" > "$W/regret.log" 2>&1; tail -20 "$W/regret.log" ;;
+    regret)   timeout $T_BENCH python3 benchmarks/regret.py --out "$W/regret.json" ${REGRET_ARGS:-} > "$W/regret.log" 2>&1; tail -20 "$W/regret.log" ;;
     *)        log "unknown stage $st" ;;
   esac
   log "stage $st took $(( $(date +%s) - t0 )) s"
