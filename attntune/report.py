@@ -168,9 +168,13 @@ window.addEventListener('load', function () {
 """
 
 
-def render_report(rows: Sequence[CachedRow], title: str = "attntune report", sources: Sequence[str] = ()) -> str:
-    """The whole page as one HTML string (images embedded as data URIs)."""
-    valid = [r for r in rows if r.status == "valid" and r.record is not None]
+def render_report(rows: Sequence[CachedRow], title: str = "attntune report", sources: Sequence[str] = (),
+                  include_stale: bool = False) -> str:
+    """The whole page as one HTML string (images embedded as data URIs). ``include_stale`` draws stale
+    rows too (e.g. viewing an H200 cache on another machine, where its software fingerprint differs);
+    their status column says so."""
+    shown = ("valid", "stale") if include_stale else ("valid",)
+    valid = [r for r in rows if r.status in shown and r.record is not None]
     recs = [r.record for r in valid]
     by_device: Dict[str, List[CachedRow]] = defaultdict(list)
     for r in valid:
@@ -183,7 +187,8 @@ def render_report(rows: Sequence[CachedRow], title: str = "attntune report", sou
         import math
 
         geo = math.exp(sum(math.log(s) for s in sp) / len(sp))
-    parts.append(f"<p class='summary'>{len(valid)} valid rows, {sum(r.status == 'stale' for r in rows)} stale, "
+    parts.append(f"<p class='summary'>{sum(r.status == 'valid' for r in rows)} valid rows, "
+                 f"{sum(r.status == 'stale' for r in rows)} stale{' (drawn)' if include_stale else ''}, "
                  f"{sum(r.status == 'rejected' for r in rows)} rejected. "
                  + (f"Geometric-mean speedup over SDPA default: <b>{geo:.3f}x</b> over {len(sp)} keys. " if geo else "")
                  + f"Generated {datetime.now().isoformat(timespec='seconds')}"
@@ -196,7 +201,7 @@ def render_report(rows: Sequence[CachedRow], title: str = "attntune report", sou
             if png:
                 parts.append(f"<img alt='{alt}' src='data:image/png;base64,{png}'>")
         parts.append(_table(sorted(drows, key=lambda r: r.record.key.short())))
-    bad = [r for r in rows if r.status != "valid"]
+    bad = [r for r in rows if r.status not in shown]
     if bad:
         parts.append("<h2>Stale and rejected rows</h2>")
         parts.append(_table(bad))

@@ -61,3 +61,21 @@ def test_report_loads_in_headless_chromium(tmp_path):
                     f"--screenshot={shot}", out.as_uri()], capture_output=True, timeout=120)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a blank page compresses far smaller
+
+
+def test_report_include_stale_draws_foreign_rows(tmp_path):
+    import sqlite3
+
+    from attntune.device import SoftwareFingerprint
+
+    db = _seeded(tmp_path)
+    with sqlite3.connect(db) as c:  # as if tuned under another torch (a cache from another machine)
+        c.execute("UPDATE winners SET fingerprint_json = ?",
+                  (SoftwareFingerprint(torch="1.0.0", variant_hash="x").model_dump_json(),))
+    out = tmp_path / "r.html"
+    CliRunner().invoke(app, ["report", "--cache", str(db), "--out", str(out), "--no-system"])
+    assert "data:image/png" not in out.read_text() and "Stale and rejected rows" in out.read_text()
+    r = CliRunner().invoke(app, ["report", "--cache", str(db), "--out", str(out), "--no-system", "--include-stale"])
+    assert r.exit_code == 0, r.output
+    page = out.read_text()
+    assert page.count("data:image/png") == 2 and "8 stale (drawn)" in page and "Stale and rejected rows" not in page
