@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Any, Dict, List, Optional
 
 from rich.console import Console
@@ -10,8 +12,17 @@ from rich.console import Console
 from attntune.cache import CachedRow, LayeredCache, WinnerRecord
 from attntune.cache.layered import open_store, system_cache_path, user_cache_url
 
-console = Console()
-err_console = Console(stderr=True)
+
+def _width(stream) -> int | None:
+    # Piped output (make demo, CI logs) would otherwise be folded into 80 columns; a terminal keeps
+    # its own width. COLUMNS, when set, always wins (rich reads it).
+    if os.environ.get("COLUMNS") or stream.isatty():
+        return None
+    return 160
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
 def open_layers(cache: Optional[str], system: bool = True) -> LayeredCache:
