@@ -85,7 +85,7 @@ def run_case(name, cfg, impl, device, dtype, batch, seq, kind, reps):
             res["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     except torch.OutOfMemoryError:
         res["error"] = "out of memory"
-    del model
+    model = None  # free the weights before the next case
     return res
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from attntune.cache.models import CachedRow, judge
-from attntune.cache.store import CacheError, CacheStore
+from attntune.cache.store import CacheStore
 
 _WARNED: set = set()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from rich.console import Console
 
@@ -28,6 +28,22 @@ err_console = Console(stderr=True, width=_width(sys.stderr))
 def open_layers(cache: Optional[str], system: bool = True) -> LayeredCache:
     """``--cache URL`` replaces the user layer; the shipped system cache is added unless disabled."""
     return LayeredCache.open_default(user_url=cache, system=system)
+
+
+def parse_device(name: Optional[str]):
+    """``--device``: cpu or cuda (default: the GPU if one is visible), with errors naming the option."""
+    import torch
+    import typer
+
+    from attntune.device import default_device
+
+    if name is None:
+        return default_device()
+    if name not in ("cpu", "cuda"):
+        raise typer.BadParameter("must be cpu or cuda", param_hint="--device")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter("no CUDA/ROCm device is visible", param_hint="--device")
+    return torch.device(name)
 
 
 def fmt_config(cfg: Optional[Dict[str, Any]]) -> str:

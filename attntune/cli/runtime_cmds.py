@@ -21,18 +21,7 @@ except ImportError:  # pragma: no cover
     SHAPE_HELP = "One problem as field=value pairs, e.g. b=4,hq=32,hkv=8,sq=2048,d=128,causal=1."
 
 
-def _device(name: Optional[str]):
-    import torch
-
-    from attntune.device import default_device
-
-    if name is None:
-        return default_device()
-    if name not in ("cpu", "cuda"):
-        raise typer.BadParameter("must be cpu or cuda", param_hint="--device")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise typer.BadParameter("no CUDA/ROCm device is visible", param_hint="--device")
-    return torch.device(name)
+from attntune.cli.common import parse_device as _device  # noqa: E402
 
 
 def _problems(shapes: List[str], dev, dtype: Optional[str], mode: Optional[str] = None):

@@ -28,18 +28,7 @@ SHAPE_HELP = (
 )
 
 
-def _device(name: Optional[str]):
-    import torch
-
-    from attntune.device import default_device
-
-    if name is None:
-        return default_device()
-    if name not in ("cpu", "cuda"):
-        raise typer.BadParameter("must be cpu or cuda", param_hint="--device")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise typer.BadParameter("no CUDA/ROCm device is visible", param_hint="--device")
-    return torch.device(name)
+from attntune.cli.common import parse_device as _device  # noqa: E402
 
 
 def _gpus(spec: Optional[str]) -> Optional[List[int]]:
