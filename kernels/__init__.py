@@ -21,6 +21,7 @@ VARIANT_MODULES = (
     "attntune.kernels.triton_local_variant",
     "attntune.kernels.triton_decode_variant",
     "attntune.kernels.nystrom",
+    "attntune.kernels.flex",
 )
 
 UNAVAILABLE: Dict[str, str] = {}
