@@ -67,6 +67,10 @@ HEURISTIC_RULES: Tuple[Rule, ...] = (
          lambda p: p.seqlen_q <= DECODE_MAX_SQ and (p.kv_lens or p.seqlen_kv >= DECODE_LONG_KV),
          ("triton_decode",),
          f"decode (Sq <= {DECODE_MAX_SQ} over kv_lens or Skv >= {DECODE_LONG_KV}): split-K decoding"),
+    Rule("local-training", ("cuda",), lambda p: p.is_local and p.mode == "fwd_bwd",
+         ("flex", "triton_local", "triton_flash"),
+         "finite left window, forward+backward: FlexAttention's backward measured faster than ours on the "
+         "H200 (W=1024, S=16384: 3.03 vs 4.40 ms fwd+bwd; benchmarks/results/suite_h200.json)"),
     Rule("local", ("cuda",), lambda p: p.is_local,
          ("triton_local", "triton_flash"),
          "finite left window: a block-skipping kernel costs O(S*W), SDPA's masked kernels O(S^2)"),
