@@ -137,7 +137,8 @@ def _table(rows: Sequence[CachedRow]) -> str:
         cells = (r.key.short(), r.key.device.label(), r.variant, cfg, f"{r.median_ms:.4f} ms",
                  f"{r.tflops:.1f}" if r.tflops else "-", f"{r.tbps:.2f}" if r.tbps else "-",
                  f"{r.speedup:.2f}x" if r.speedup else "-", ru,
-                 f"{r.max_error:.2e}" if r.max_error is not None else "-", r.trials, f"{r.tuning_seconds:.1f}",
+                 (f"{r.max_error:.2e}" if r.max_error is not None else "-")
+                 + (f" (rel {r.rel_error:.2e})" if r.rel_error is not None else ""), r.trials, f"{r.tuning_seconds:.1f}",
                  status, row.origin)
         cls = "" if row.status == "valid" else " class='bad'"
         out.append(f"<tr{cls}>" + "".join(f"<td>{_esc(c)}</td>" for c in cells) + "</tr>")

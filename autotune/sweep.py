@@ -467,6 +467,7 @@ class KeyTuner:
             runner_up_ms=runner_ms,
             sdpa_default_ms=base_ms,
             max_error=best.user_attrs.get("max_error"),
+            rel_error=best.user_attrs.get("rel_error"),
             fingerprint=software_fingerprint(variant.source_hash(), p.device_type),
             trials=len(measured),
             tuning_seconds=round(spent, 3),

@@ -203,3 +203,30 @@ def test_shipped_cache_opens():
     st = CacheStore(shipped, readonly=True)
     rows = [judge(r, "system") for r in st.raw_winners()]
     assert all(r.status in ("valid", "stale") for r in rows), [r.reasons for r in rows if r.status == "rejected"]
+
+
+def _make_v1(path):
+    """A cache as schema version 1 wrote it (no winners.rel_error)."""
+    st = CacheStore(path)
+    st.upsert_winner(make_rec(max_error=1e-6))
+    st.dispose()
+    with sqlite3.connect(path) as c:
+        c.execute("ALTER TABLE winners DROP COLUMN rel_error")
+        c.execute("UPDATE attntune_meta SET value = '1' WHERE name = 'schema_version'")
+
+
+def test_v1_cache_read_only_and_migrated(tmp_path):
+    _make_v1(tmp_path / "v1.db")
+    ro = CacheStore(tmp_path / "v1.db", readonly=True)  # cannot migrate: read without the new column
+    [row] = [judge(r, "system") for r in ro.raw_winners()]
+    assert row.status == "valid" and row.record.rel_error is None
+    ro.dispose()
+    st = CacheStore(tmp_path / "v1.db")  # writable: migrated in place, nothing lost
+    with sqlite3.connect(tmp_path / "v1.db") as c:
+        cols = [r[1] for r in c.execute("PRAGMA table_info(winners)")]
+        version = c.execute("SELECT value FROM attntune_meta WHERE name='schema_version'").fetchone()[0]
+    assert "rel_error" in cols and version == "2"
+    assert st.count() == 1
+    assert st.upsert_winner(make_rec(ms=0.5, rel_error=0.03))
+    [row] = [judge(r, "user") for r in st.raw_winners()]
+    assert row.record.rel_error == 0.03

@@ -237,6 +237,7 @@ def test_cli_tune_suite_writes_valid_winners_that_show_lists(tmp_path):
         rec = judge(raw, "user").record
         assert rec.variant in BUILTIN.split(",")
         assert rec.trials == 4 and rec.median_ms > 0 and rec.max_error < 1e-5
+        assert rec.rel_error is not None and rec.rel_error < 1e-5
         assert rec.sdpa_default_ms is not None and rec.runner_up is not None and rec.runner_up != rec.variant
         p = rec.key.representative()
         assert rec.tflops == pytest.approx(p.flops() / (rec.median_ms * 1e-3) / 1e12)
@@ -674,3 +675,16 @@ def test_gpu_gate_poisons_the_allocator_so_unwritten_outputs_fail():
     res = gate.check(GpuUnwritten(), {}, inp)
     assert res.status == "wrong" and "NaN" in res.reason, res
     assert inp.ref_dtype == torch.float64  # a small problem: float64 reference on the GPU too
+
+
+def test_approximate_winner_stores_its_relative_error(tmp_path, monkeypatch):
+    """An approximate variant's figure of merit, ||out - ref|| / ||ref|| on the tuning inputs, is stored
+    with the winner (here Nystrom is the only candidate)."""
+    p = AttentionProblem(batch=1, heads_q=2, heads_kv=2, seqlen_q=256, seqlen_kv=256, head_dim=32, head_dim_v=32,
+                         dtype="float32", device_type="cpu", approx=True)
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "nystrom")
+    [rec] = tune([p], cache=str(tmp_path / "c.db"), storage="memory", trials=3)
+    assert rec.variant == "nystrom"
+    assert rec.rel_error is not None and 0 < rec.rel_error < 2
+    [raw] = CacheStore(str(tmp_path / "c.db")).raw_winners()
+    assert judge(raw, "user").record.rel_error == rec.rel_error

@@ -32,6 +32,9 @@ class WinnerRecord(BaseModel):
     runner_up_ms: Optional[float] = None
     sdpa_default_ms: Optional[float] = None
     max_error: Optional[float] = None
+    #: relative error ||out - ref|| / ||ref|| on the tuning inputs (the figure of merit of approximate
+    #: variants; recorded for exact ones too)
+    rel_error: Optional[float] = None
     fingerprint: SoftwareFingerprint
     trials: int = 0
     tuning_seconds: float = 0.0
@@ -84,6 +87,7 @@ def row_to_record(row: Dict[str, Any]) -> WinnerRecord:
         runner_up_ms=row.get("runner_up_ms"),
         sdpa_default_ms=row.get("sdpa_default_ms"),
         max_error=row.get("max_error"),
+        rel_error=row.get("rel_error"),
         fingerprint=SoftwareFingerprint.model_validate_json(row["fingerprint_json"]),
         trials=row.get("trials") or 0,
         tuning_seconds=row.get("tuning_seconds") or 0.0,
@@ -110,6 +114,7 @@ def record_to_row(rec: WinnerRecord) -> Dict[str, Any]:
         "runner_up_ms": rec.runner_up_ms,
         "sdpa_default_ms": rec.sdpa_default_ms,
         "max_error": rec.max_error,
+        "rel_error": rec.rel_error,
         "fingerprint_json": rec.fingerprint.model_dump_json(),
         "trials": rec.trials,
         "tuning_seconds": rec.tuning_seconds,

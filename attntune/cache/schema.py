@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import DateTime, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: winners.rel_error
 
 
 class Base(DeclarativeBase):
@@ -40,6 +40,7 @@ class Winner(Base):
     runner_up_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     sdpa_default_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_error: Mapped[float | None] = mapped_column(Float, nullable=True)
+    rel_error: Mapped[float | None] = mapped_column(Float, nullable=True)  # ||out-ref||/||ref||
     fingerprint_json: Mapped[str] = mapped_column(Text)
     trials: Mapped[int] = mapped_column(Integer, default=0)
     tuning_seconds: Mapped[float] = mapped_column(Float, default=0.0)

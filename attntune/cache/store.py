@@ -124,8 +124,13 @@ class CacheStore:
             Base.metadata.create_all(conn)
 
     def _migrate(self, version: int) -> None:
-        # Version 1 is the first schema; future steps go here, one per version.
-        self._create_tables()
+        """Bring an older schema up to SCHEMA_VERSION, one step per version."""
+        self._create_tables()  # tables added since (claims, …)
+        cols = {c["name"] for c in inspect(self.engine).get_columns("winners")}
+        with self.engine.begin() as c:
+            if version < 2 and "rel_error" not in cols:
+                c.execute(text("ALTER TABLE winners ADD COLUMN rel_error FLOAT"))
+        self._winner_cols = None
         with self.session() as s:
             s.merge(Meta(name="schema_version", value=str(SCHEMA_VERSION)))
             s.commit()
@@ -160,14 +165,22 @@ class CacheStore:
             cur = s.get(Winner, rec.key_id)
             return cur is not None and cur.median_ms == rec.median_ms and cur.variant == rec.variant
 
+    def _winner_select(self):
+        """SELECT of the winners columns this database has: a read-only cache of an older schema
+        (which cannot be migrated) is read without the columns added since."""
+        if getattr(self, "_winner_cols", None) is None:
+            have = {c["name"] for c in inspect(self.engine).get_columns("winners")}
+            self._winner_cols = [c for c in Winner.__table__.c if c.name in have]
+        return select(*self._winner_cols)
+
     def raw_winners(self) -> List[Dict[str, Any]]:
         with self.session() as s:
-            rows = s.execute(select(Winner.__table__)).mappings().all()
+            rows = s.execute(self._winner_select()).mappings().all()
         return [dict(r) for r in rows]
 
     def raw_winner(self, key_id: str) -> Optional[Dict[str, Any]]:
         with self.session() as s:
-            r = s.execute(select(Winner.__table__).where(Winner.key_id == key_id)).mappings().first()
+            r = s.execute(self._winner_select().where(Winner.key_id == key_id)).mappings().first()
         return dict(r) if r else None
 
     def delete_winners(self, key_ids: Optional[List[str]] = None) -> int:
