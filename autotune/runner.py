@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import queue as queue_mod
+import signal
 import time
 import traceback
 from datetime import datetime
@@ -247,13 +248,37 @@ def _tune_claimed(
             torch.cuda.empty_cache()
 
 
+# ---- termination ----------------------------------------------------------------------------------
+
+_TERMINATED = False
+
+
+def _raise_interrupt(signum, frame) -> None:
+    global _TERMINATED
+    _TERMINATED = True
+    raise KeyboardInterrupt
+
+
+def sigterm_as_interrupt():
+    """SIGTERM (``timeout``, a batch scheduler, ``kill``) stops a tune like Ctrl-C does: finished keys
+    are kept and the key in progress releases its claim at once instead of when the claim expires.
+    Returns the previous handler (to restore), or None off the main thread, where Python delivers no
+    signals."""
+    import threading
+
+    global _TERMINATED
+    _TERMINATED = False
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 # ---- multi-process --------------------------------------------------------------------------------
 
 
 def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
     """Body of a spawned worker process. Everything crosses the process boundary as JSON."""
-    import signal
-
+    sigterm_as_interrupt()  # the parent's terminate() then releases this worker's claim
     problems = [AttentionProblem.model_validate_json(s) for s in payload["problems"]]
     opts = SweepOptions(
         trials=payload["trials"],
@@ -353,6 +378,10 @@ def _run_processes(
             drain(0.2)
     except KeyboardInterrupt:
         interrupted = True
+        if _TERMINATED:  # SIGTERM reaches this process alone: pass it on as Ctrl-C
+            for p in procs:
+                if p.is_alive() and p.pid is not None:
+                    os.kill(p.pid, signal.SIGINT)
         # The workers got the same SIGINT: let them release their claims and report.
         deadline = time.time() + 30
         while (any(p.is_alive() for p in procs) or not q.empty()) and time.time() < deadline:

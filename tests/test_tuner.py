@@ -688,3 +688,41 @@ def test_approximate_winner_stores_its_relative_error(tmp_path, monkeypatch):
     assert rec.rel_error is not None and 0 < rec.rel_error < 2
     [raw] = CacheStore(str(tmp_path / "c.db")).raw_winners()
     assert judge(raw, "user").record.rel_error == rec.rel_error
+
+
+def test_sigterm_stops_like_ctrl_c_and_releases_the_claim(tmp_path):
+    """`timeout`/`kill` send SIGTERM: finished keys are kept and the key in progress is released at once
+    (not left claimed until its TTL), so an immediate rerun tunes the rest."""
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+
+    cache = tmp_path / "c.db"
+    cmd = [sys.executable, "-m", "attntune", "tune", "--suite", "demo", "--device", "cpu", "--cache", str(cache),
+           "--claim-ttl", "3600"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    n = 0
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        try:
+            with sqlite3.connect(cache) as c:
+                n = c.execute("SELECT COUNT(*) FROM winners").fetchone()[0]
+        except sqlite3.Error:
+            continue
+        if n >= 1:
+            break
+    assert proc.poll() is None and n >= 1, "the tune ended before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out[-2000:]
+    total = len(SUITES["demo"].templates())
+    with sqlite3.connect(cache) as c:
+        kept = c.execute("SELECT COUNT(*) FROM winners").fetchone()[0]
+        live = c.execute("SELECT COUNT(*) FROM claims WHERE done = 0").fetchone()[0]
+    assert 1 <= kept < total and live == 0
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert rerun.returncode == 0, rerun.stdout[-2000:]
+    with sqlite3.connect(cache) as c:
+        assert c.execute("SELECT COUNT(*) FROM winners").fetchone()[0] == total

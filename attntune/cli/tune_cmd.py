@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 from typing import Dict, List, Optional
 
 import typer
@@ -177,7 +179,7 @@ def tune(
     Example: attntune tune --shape b=4,hq=32,hkv=8,sq=2048,d=128,causal=1
     --shape hq=32,hkv=8,sq=1,skv=8192,d=128,kv_lens=1
     """
-    from attntune.autotune.runner import Interrupted, run_tuning
+    from attntune.autotune.runner import Interrupted, run_tuning, sigterm_as_interrupt
     from attntune.autotune.shapes import ShapeSpecError, parse_shape
     from attntune.autotune.suites import default_dtype, get_suite, materialize
     from attntune.autotune.sweep import FatalDeviceError
@@ -239,6 +241,7 @@ def tune(
     )
     view = _ProgressView(progress)
     interrupted = False
+    previous_sigterm = sigterm_as_interrupt()
     try:
         with progress:
             results = run_tuning(
@@ -266,6 +269,9 @@ def tune(
     except ValueError as e:
         err_console.print(f"[red]{e}[/red]")
         raise typer.Exit(2)
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
     console.print(_summary(results))
     tuned = sum(r.status == "tuned" for r in results)
     console.print(
