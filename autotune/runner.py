@@ -22,7 +22,7 @@ import signal
 import time
 import traceback
 from datetime import datetime
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -495,36 +495,10 @@ def _keys_for_count(problems, gpu_list) -> List[TuneKey]:
     return resolve_keys(problems, dev)
 
 
-def tune(
-    problems: Sequence[AttentionProblem],
-    *,
-    cache: Union[str, CacheStore, None] = None,
-    storage: Optional[str] = None,
-    trials: Optional[int] = None,
-    time_limit: Optional[float] = None,
-    force: bool = False,
-    workers: int = 1,
-    gpus: Optional[Sequence[int]] = None,
-    seed: int = 0,
-    on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
-    **kwargs,
-) -> List[WinnerRecord]:
+def tune(problems: Sequence[AttentionProblem], **kwargs: Any) -> List[WinnerRecord]:
     """Tune ``problems`` and return the winner of every key that has one after the run (newly tuned
-    or kept from the cache), in problem order. See :func:`run_tuning` for the arguments."""
-    res = run_tuning(
-        problems,
-        cache=cache,
-        storage=storage,
-        trials=trials,
-        time_limit=time_limit,
-        force=force,
-        workers=workers,
-        gpus=gpus,
-        seed=seed,
-        on_event=on_event,
-        **kwargs,
-    )
-    return [r.record for r in res if r.record is not None]
+    or kept from the cache), in problem order. Keyword arguments are :func:`run_tuning`'s."""
+    return [r.record for r in run_tuning(problems, **kwargs) if r.record is not None]
 
 
 def tune_one(
