@@ -10,6 +10,7 @@ import torch
 from attntune.cache import CacheStore, LayeredCache, WinnerRecord, judge, utcnow
 from attntune.cache import layered as layered_mod
 from attntune.cache.models import record_to_row
+from attntune.cache.schema import SCHEMA_VERSION, Meta
 from attntune.device import SoftwareFingerprint, device_fingerprint, software_fingerprint
 from attntune.key import TuneKey
 from attntune.kernels import registry
@@ -230,3 +231,34 @@ def test_v1_cache_read_only_and_migrated(tmp_path):
     assert st.upsert_winner(make_rec(ms=0.5, rel_error=0.03))
     [row] = [judge(r, "user") for r in st.raw_winners()]
     assert row.record.rel_error == 0.03
+
+
+def _open_when_released(path, barrier, errors):
+    barrier.wait()
+    try:
+        CacheStore(path)
+    except Exception as e:  # noqa: BLE001 — reported to the parent
+        errors.put(f"{type(e).__name__}: {e}")
+
+
+def test_many_processes_open_a_fresh_cache_at_once(tmp_path):
+    """Fleet workers open a not-yet-existing SQLite cache simultaneously: schema creation races
+    (check-then-CREATE TABLE) must resolve without an error in any of them."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    for round_ in range(4):
+        path = tmp_path / f"fresh{round_}.db"
+        barrier, errors = ctx.Barrier(6), ctx.Queue()
+        procs = [ctx.Process(target=_open_when_released, args=(path, barrier, errors)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        found = []
+        while not errors.empty():
+            found.append(errors.get())
+        assert not found, found
+        assert all(p.exitcode == 0 for p in procs)
+        with CacheStore(path).session() as s:
+            assert s.get(Meta, "schema_version").value == str(SCHEMA_VERSION)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+import time
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from sqlalchemy import create_engine, delete, event, func, inspect, select, text, update
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 from attntune.cache.models import WinnerRecord, record_to_row, utcnow
@@ -85,7 +87,20 @@ class CacheStore:
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         if not self.readonly:
             # WAL: readers never block the writer, so dispatching processes can read while tuning.
-            cur.execute("PRAGMA journal_mode=WAL")
+            # Switching a fresh file into WAL needs an exclusive lock and SQLite answers "database is
+            # locked" at once (the busy handler is not consulted) while a neighbour does the same, as
+            # fleet workers opening one new cache do: retry with a short backoff, up to the timeout.
+            deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+            delay = 0.005
+            while True:
+                try:
+                    cur.execute("PRAGMA journal_mode=WAL")
+                    break
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.2)
             cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
 
@@ -115,25 +130,42 @@ class CacheStore:
         if version < SCHEMA_VERSION and not self.readonly:
             self._migrate(version)
 
-    def _create_tables(self) -> None:
-        with self.engine.begin() as conn:
-            if self.dialect == "postgresql":
-                # Workers of a fleet open a fresh database at once; concurrent CREATE TABLEs of the same
-                # names fail on PostgreSQL, so first use is serialised (the lock ends with the transaction).
-                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK_KEY})
-            Base.metadata.create_all(conn)
+    def _create_tables(self, attempts: int = 5) -> None:
+        """Create the tables this database lacks. Safe when several processes open a fresh cache at
+        once: PostgreSQL serialises on an advisory lock; SQLite's DDL runs outside a transaction under
+        the pysqlite driver, so between create_all's existence check and its CREATE TABLE another
+        worker may win — the loser sees "already exists" and checks again (the next pass skips the
+        tables that now exist)."""
+        for attempt in range(attempts):
+            try:
+                with self.engine.begin() as conn:
+                    if self.dialect == "postgresql":
+                        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK_KEY})
+                    Base.metadata.create_all(conn)
+                return
+            except (OperationalError, ProgrammingError) as e:
+                if "already exists" not in str(e) or attempt == attempts - 1:
+                    raise
 
     def _migrate(self, version: int) -> None:
         """Bring an older schema up to SCHEMA_VERSION, one step per version."""
         self._create_tables()  # tables added since (claims, …)
         cols = {c["name"] for c in inspect(self.engine).get_columns("winners")}
-        with self.engine.begin() as c:
-            if version < 2 and "rel_error" not in cols:
-                c.execute(text("ALTER TABLE winners ADD COLUMN rel_error FLOAT"))
+        if version < 2 and "rel_error" not in cols:
+            try:
+                with self.engine.begin() as c:
+                    c.execute(text("ALTER TABLE winners ADD COLUMN rel_error FLOAT"))
+            except (OperationalError, ProgrammingError) as e:
+                # Two processes migrating one cache: the second finds the column there already.
+                if "duplicate column" not in str(e) and "already exists" not in str(e):
+                    raise
         self._winner_cols = None
         with self.session() as s:
-            s.merge(Meta(name="schema_version", value=str(SCHEMA_VERSION)))
-            s.commit()
+            try:
+                s.merge(Meta(name="schema_version", value=str(SCHEMA_VERSION)))
+                s.commit()
+            except IntegrityError:  # a process creating this cache right now wrote the same version
+                s.rollback()
 
     @contextmanager
     def session(self) -> Iterator[Session]:
