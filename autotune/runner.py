@@ -462,6 +462,13 @@ def run_tuning(
     if assignments:
         if storage == MEMORY:
             raise ValueError("several workers need a shared optuna storage (a URL), not 'memory'")
+        # Create the cache's tables and the optuna storage here, once, before the workers start: an
+        # unusable cache is then one clear error in the parent instead of one per worker, and the
+        # workers do not all race to create the same schema (which they also survive).
+        CacheStore(cache_url).engine.dispose()
+        made = open_storage(storage)
+        if hasattr(made, "engine"):
+            made.engine.dispose()
         base = {
             "problems": [p.model_dump_json() for p in problems],
             "cache": cache_url,
