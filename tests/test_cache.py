@@ -262,3 +262,47 @@ def test_many_processes_open_a_fresh_cache_at_once(tmp_path):
         assert all(p.exitcode == 0 for p in procs)
         with CacheStore(path).session() as s:
             assert s.get(Meta, "schema_version").value == str(SCHEMA_VERSION)
+
+
+def test_shipped_cache_found_in_the_install_data_dir(tmp_path, monkeypatch):
+    """A wheel install has no source tree: the shipped cache is looked up in <data>/share/attntune."""
+    import shutil
+    import sysconfig
+
+    from pathlib import Path
+
+    monkeypatch.delenv("ATTNTUNE_SYSTEM_CACHE", raising=False)
+    data = tmp_path / "prefix"
+    (data / "share" / "attntune").mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parent.parent / "cache.db", data / "share" / "attntune" / "cache.db")
+    fake_pkg = tmp_path / "site" / "attntune" / "cache" / "layered.py"  # no cache.db three levels up
+    monkeypatch.setattr(layered_mod, "__file__", str(fake_pkg))
+    monkeypatch.setattr(sysconfig, "get_path", lambda name, *a, **k: str(data) if name == "data" else "")
+    assert layered_mod.system_cache_path() == data / "share" / "attntune" / "cache.db"
+    monkeypatch.setattr(sysconfig, "get_path", lambda name, *a, **k: str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(layered_mod.sys, "prefix", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(layered_mod.sys, "base_prefix", str(tmp_path / "elsewhere"))
+    assert layered_mod.system_cache_path() is None
+
+
+def test_wheel_carries_the_shipped_cache(tmp_path):
+    """`pip install attntune` (not editable) must still give an H200 user the shipped tuned rows."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from pathlib import Path
+
+    pytest.importorskip("setuptools", reason="building a wheel needs setuptools")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+         "-w", str(tmp_path), str(root)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    (whl,) = tmp_path.glob("attntune-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        names = [n for n in z.namelist() if n.endswith("/data/share/attntune/cache.db")]
+        assert len(names) == 1, z.namelist()
+        assert z.read(names[0]) == (root / "cache.db").read_bytes()

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import sysconfig
 import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -35,8 +37,21 @@ def system_cache_path() -> Optional[Path]:
     env = os.environ.get("ATTNTUNE_SYSTEM_CACHE")
     if env is not None:
         return Path(env) if env else None
-    here = Path(__file__).resolve().parent.parent.parent / "cache.db"  # repo root next to attntune/
-    return here if here.exists() else None
+    for path in shipped_cache_candidates():
+        if path.exists():
+            return path
+    return None
+
+
+def shipped_cache_candidates() -> List[Path]:
+    """Where the shipped ``cache.db`` may be, in order: the source tree's top level (a checkout or an
+    editable install), then the install's data directory, where wheels put it (``share/attntune``)."""
+    out = [Path(__file__).resolve().parent.parent.parent / "cache.db"]  # repo root next to attntune/
+    for root in (sysconfig.get_path("data"), sys.prefix, getattr(sys, "base_prefix", sys.prefix)):
+        p = Path(root) / "share" / "attntune" / "cache.db"
+        if p not in out:
+            out.append(p)
+    return out
 
 
 def open_store(url: str, readonly: bool, label: str) -> Optional[CacheStore]:
