@@ -30,7 +30,7 @@ from sqlalchemy import delete, select, update
 from attntune.cache.models import utcnow
 from attntune.cache.schema import Claim
 from attntune.cache.store import CacheStore
-from attntune.autotune.retry import retry_locked
+from attntune.cache.retry import retry_locked
 
 
 def owner_id(worker: int = 0) -> str:

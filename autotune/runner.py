@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from attntune.autotune import claims
-from attntune.autotune.retry import retry_locked
+from attntune.cache.retry import retry_locked
 from attntune.autotune.study import MEMORY, default_storage_url, open_storage
 from attntune.autotune.sweep import Event, FatalDeviceError, KeyResult, KeyTuner, SweepOptions
 from attntune.autotune.timing import TimingOptions
@@ -465,10 +465,8 @@ def run_tuning(
         # Create the cache's tables and the optuna storage here, once, before the workers start: an
         # unusable cache is then one clear error in the parent instead of one per worker, and the
         # workers do not all race to create the same schema (which they also survive).
-        CacheStore(cache_url).engine.dispose()
-        made = open_storage(storage)
-        if hasattr(made, "engine"):
-            made.engine.dispose()
+        CacheStore(cache_url).dispose()
+        open_storage(storage)
         base = {
             "problems": [p.model_dump_json() for p in problems],
             "cache": cache_url,

@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from attntune.autotune.retry import retry_locked
+from attntune.cache.retry import retry_locked
 from attntune.cache.store import BUSY_TIMEOUT_MS, normalize_url
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial would drown the progress bar

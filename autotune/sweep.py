@@ -41,7 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
 from attntune.autotune import gate
-from attntune.autotune.retry import retry_locked
+from attntune.cache.retry import retry_locked
 from attntune.autotune.space import SearchSpace, config_id
 from attntune.autotune.study import open_study
 from attntune.autotune.timing import PRUNE_RATIO, Timer, TimingOptions, graph_timed, make_call

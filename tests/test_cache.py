@@ -287,6 +287,7 @@ def test_shipped_cache_found_in_the_install_data_dir(tmp_path, monkeypatch):
 
 def test_wheel_carries_the_shipped_cache(tmp_path):
     """`pip install attntune` (not editable) must still give an H200 user the shipped tuned rows."""
+    import shutil
     import subprocess
     import sys
     import zipfile
@@ -295,9 +296,14 @@ def test_wheel_carries_the_shipped_cache(tmp_path):
 
     pytest.importorskip("setuptools", reason="building a wheel needs setuptools")
     root = Path(__file__).resolve().parent.parent
+    # Built from a copy: setuptools writes build/ and *.egg-info into the tree it builds, and a build/
+    # left from an earlier state would put deleted modules into the wheel.
+    src = tmp_path / "src"
+    shutil.copytree(root, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".whl", "build", "dist", "*.egg-info", "__pycache__", "*.db-wal", "*.db-shm"))
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-         "-w", str(tmp_path), str(root)],
+         "-w", str(tmp_path), str(src)],
         capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stderr[-2000:]

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
-import time
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +18,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 from attntune.cache.models import WinnerRecord, record_to_row, utcnow
+from attntune.cache.retry import retry_locked
 from attntune.cache.schema import SCHEMA_VERSION, Base, Claim, Meta, Miss, Trial, Winner
 from attntune.key import TuneKey
 
@@ -89,18 +88,8 @@ class CacheStore:
             # WAL: readers never block the writer, so dispatching processes can read while tuning.
             # Switching a fresh file into WAL needs an exclusive lock and SQLite answers "database is
             # locked" at once (the busy handler is not consulted) while a neighbour does the same, as
-            # fleet workers opening one new cache do: retry with a short backoff, up to the timeout.
-            deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-            delay = 0.005
-            while True:
-                try:
-                    cur.execute("PRAGMA journal_mode=WAL")
-                    break
-                except sqlite3.OperationalError as e:
-                    if "locked" not in str(e) or time.monotonic() > deadline:
-                        raise
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.2)
+            # fleet workers opening one new cache do.
+            retry_locked(cur.execute, "PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
 

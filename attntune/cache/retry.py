@@ -2,13 +2,16 @@
 
 Several tuner processes write one SQLite file (the cache and the optuna storage). The busy timeout makes
 most writers wait their turn, but SQLite still returns SQLITE_BUSY at once in some cases (a read
-transaction that must become a write transaction after another process committed), so every write of
-the tuner goes through :func:`retry_locked`.
+transaction that must become a write transaction after another process committed; switching a file
+into WAL while a neighbour does the same), so every write of the tuner, and the WAL switch of every
+connection, goes through :func:`retry_locked`. Both the driver's own ``sqlite3.OperationalError``
+(raw connections, connect-time pragmas) and SQLAlchemy's wrapper of it count.
 """
 
 from __future__ import annotations
 
 import random
+import sqlite3
 import time
 from typing import Callable, TypeVar
 
@@ -19,7 +22,7 @@ T = TypeVar("T")
 
 def is_locked(e: BaseException) -> bool:
     msg = str(e).lower()
-    return isinstance(e, OperationalError) and ("locked" in msg or "busy" in msg)
+    return isinstance(e, (OperationalError, sqlite3.OperationalError)) and ("locked" in msg or "busy" in msg)
 
 
 def retry_locked(fn: Callable[..., T], *args, attempts: int = 8, **kwargs) -> T:
@@ -27,7 +30,7 @@ def retry_locked(fn: Callable[..., T], *args, attempts: int = 8, **kwargs) -> T:
     for i in range(attempts):
         try:
             return fn(*args, **kwargs)
-        except OperationalError as e:
+        except (OperationalError, sqlite3.OperationalError) as e:
             if not is_locked(e) or i == attempts - 1:
                 raise
             time.sleep(0.05 * (2**i) * (0.5 + random.random()))
