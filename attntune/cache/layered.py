@@ -47,7 +47,8 @@ def shipped_cache_candidates() -> List[Path]:
     """Where the shipped ``cache.db`` may be, in order: the source tree's top level (a checkout or an
     editable install), then the install's data directory, where wheels put it (``share/attntune``)."""
     out = [Path(__file__).resolve().parent.parent.parent / "cache.db"]  # repo root next to attntune/
-    for root in (sysconfig.get_path("data"), sys.prefix, sys.base_prefix):  # base: a --system-site-packages venv
+    # base_prefix: attntune installed outside a --system-site-packages venv
+    for root in (sysconfig.get_path("data"), sys.prefix, sys.base_prefix):
         p = Path(root) / "share" / "attntune" / "cache.db"
         if p not in out:
             out.append(p)
