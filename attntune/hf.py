@@ -6,22 +6,30 @@
 
 :func:`register` adds two entries under the name ``"attntune"``: the attention function
 (:func:`attention_forward`, in ``AttentionInterface``) and a mask function (:func:`attention_mask`, in
-``AttentionMaskInterface``) so that transformers builds masks for it exactly as for ``"sdpa"``, except
-that a sliding-window causal mask without padding is *not* materialised when our kernels can express it.
+``AttentionMaskInterface``). The mask function recognises transformers' two plain patterns — causal
+(``kv_idx <= q_idx``) and sliding-window causal (``q_idx - W < kv_idx <= q_idx``), identified from the
+mask function itself, never guessed — and, when no position is padded, hands the attention function a
+description instead of a materialised ``[B, 1, Sq, Skv]`` mask:
 
-What a layer gets, with HF's mask semantics mapped exactly onto attntune's:
+* **None** where the keys end at the last query (prefill from position 0, a dynamic cache's decode step):
+  bottom-right causal, plus ``window=(W - 1, 0)`` for a sliding layer. With ``Skv > Sq > 1`` and no mask,
+  transformers means torch's top-left causal (a static cache's unwritten tail in prefill; HF's own SDPA
+  path slices the keys to ``Sq`` for the same reason), so the keys are sliced likewise.
+* **kv_lens** for decode (``Sq <= 16``) over a cache whose buffer is longer than what it holds —
+  transformers' static cache, whose mask would otherwise hide the unwritten slots:
+  ``kv_lens = q_offset + Sq - kv_offset`` keys are valid, and the last ``Sq`` of them are the queries
+  (attntune's bottom-right ``kv_lens`` semantics, exactly transformers' mask). It travels where the mask
+  would, as an int32 tensor of shape ``[B, 1, 1, 1]`` (transformers' masks are bool or float, and
+  ``generate`` passes a 4-D mask it built ahead through the model untouched). It is computed with tensor
+  operations only (no host read of the cache position), so it works under CUDA graphs and
+  ``torch.compile``.
 
-* **No mask** (HF found the plain causal pattern, no padding): a causal call. HF's sliding window
-  ``kv_idx > q_idx - sliding_window`` (with ``kv_idx <= q_idx``) is attntune's ``window=(W - 1, 0)``
-  aligned bottom-right. The window comes from the ``sliding_window`` kwarg the model passes, else
-  ``module.sliding_window``. When ``Sq > 1`` and ``Skv > Sq`` with no mask, HF means torch's *top-left*
-  causal (a static cache's empty tail; HF's own SDPA path slices the keys to ``Sq`` for the same reason),
-  so the keys are sliced likewise. Non-causal modules (encoders) get plain attention.
-* **A materialised mask** (padding, packed sequences, image tokens, static caches): HF's own SDPA path
-  with that mask (``transformers.integrations.sdpa_attention.sdpa_attention_forward``) — the same
-  function ``attn_implementation="sdpa"`` uses, so results are identical.
-* **Dropout in training, softcapping, attention sinks, position bias, output_attentions**: HF's SDPA
-  path as well (it raises where SDPA cannot do something, as ``"sdpa"`` would).
+Everything else gets transformers' own mask and HF's own SDPA path
+(``transformers.integrations.sdpa_attention.sdpa_attention_forward``, what ``"sdpa"`` runs): padded
+batches, packed sequences, chunked or custom masks, dropout in training, softcapping, sinks, position
+bias, ``output_attentions``. Reading whether a 2-D padding mask is all ones needs its values: in eager mode
+that is one read per forward (HF's own SDPA path does the same); under tracing (``torch.compile``) the
+mask is kept unless no padding mask was given at all.
 
 GQA needs nothing: key/value arrive with ``Hkv`` heads and attntune takes them as they are.
 Returns ``(attn_output [B, Sq, Hq, Dv], None)`` as every transformers attention function.
@@ -32,6 +40,8 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+
+from attntune.problem import DECODE_MAX_SQ
 
 NAME = "attntune"
 
@@ -44,61 +54,164 @@ def _hf_sdpa():
     return sdpa_attention_forward
 
 
+def _window_of(module: torch.nn.Module, sliding_window: Optional[int]) -> Optional[Tuple[int, int]]:
+    """HF's sliding window ``kv_idx > q_idx - W`` (with causal) is attntune's ``window=(W - 1, 0)``."""
+    sw = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
+    return (int(sw) - 1, 0) if sw is not None and sw > 0 else None
+
+
+def _lens_of(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The ``kv_lens`` ``[B]`` a mask argument carries (see the module docstring), or None."""
+    if mask is None or mask.dtype != torch.int32 or mask.dim() != 4 or mask.shape[1:] != (1, 1, 1):
+        return None
+    return mask.reshape(mask.shape[0])
+
+
+def _mask_from_lens(kv_lens: torch.Tensor, sq: int, skv: int, window: Optional[Tuple[int, int]]) -> torch.Tensor:
+    """The boolean ``[B, 1, Sq, Skv]`` mask a ``kv_lens`` description stands for (for HF's SDPA path)."""
+    lens = kv_lens.to(torch.int64).clamp(0, skv)[:, None, None, None]
+    i = torch.arange(sq, device=kv_lens.device)[None, None, :, None]
+    j = torch.arange(skv, device=kv_lens.device)[None, None, None, :]
+    diag = lens - sq + i
+    mask = (j < lens) & (j <= diag)
+    if window is not None:
+        mask &= j >= diag - window[0]
+    return mask
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
                       sliding_window: Optional[int] = None, **kwargs) -> Tuple[torch.Tensor, None]:
     """transformers' attention-function signature: query ``[B, Hq, Sq, D]``, key/value ``[B, Hkv, Skv, D]``
-    → ``([B, Sq, Hq, Dv], None)``. See the module docstring for which calls attntune serves."""
+    → ``([B, Sq, Hq, Dv], None)``. ``attention_mask`` is None, a ``kv_lens`` tensor ``[B]`` from
+    :func:`attention_mask`, or a materialised mask (see the module docstring for which calls attntune
+    serves)."""
     from attntune.policies.dispatch import attention
 
+    kv_lens = _lens_of(attention_mask)
     unsupported = (dropout != 0.0 or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None
                    or kwargs.get("position_bias") is not None or kwargs.get("output_attentions", False)
                    or query.dim() != 4 or key.dim() != 4)
-    if attention_mask is not None or unsupported:
+    if unsupported and kv_lens is not None:  # HF's path takes masks, not lengths
+        attention_mask = _mask_from_lens(kv_lens, query.shape[2], key.shape[2],
+                                         _window_of(module, sliding_window))
+        kv_lens = None
+    if (attention_mask is not None and kv_lens is None) or unsupported:
         return _hf_sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                           sliding_window=sliding_window, **kwargs)
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
-    q_len, kv_len = query.shape[2], key.shape[2]
     window = None
     if is_causal:
-        if q_len > 1 and kv_len > q_len:
+        q_len, kv_len = query.shape[2], key.shape[2]
+        if kv_lens is None and q_len > 1 and kv_len > q_len:
             # No mask with Skv > Sq > 1: HF's convention is torch's top-left causal (the keys past Sq
             # are a static cache's unwritten slots); slicing makes it bottom-right-equivalent.
             key, value = key[:, :, :q_len], value[:, :, :q_len]
-        sw = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
-        if sw is not None and sw > 0:
-            window = (int(sw) - 1, 0)
-    out = attention(query, key, value, causal=bool(is_causal), window=window, scale=scaling)
+        window = _window_of(module, sliding_window)
+    elif kv_lens is not None:  # our mask function only describes causal patterns
+        return _hf_sdpa()(module, query, key, value,
+                          _mask_from_lens(kv_lens, query.shape[2], key.shape[2], None), dropout=dropout,
+                          scaling=scaling, sliding_window=sliding_window, **kwargs)
+    out = attention(query, key, value, causal=bool(is_causal), window=window, scale=scaling, kv_lens=kv_lens)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _closure_vars(fn) -> dict:
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None) or ()
+    if code is None:
+        return {}
+    return {name: c.cell_contents for name, c in zip(code.co_freevars, cells)}
+
+
+def mask_pattern(mask_function) -> Optional[Tuple[str, Optional[int]]]:
+    """``("causal", None)`` for transformers' causal mask function, ``("sliding", W)`` for its
+    sliding-window causal one (``and_masks(sliding_window_overlay(W), causal_mask_function)``), None for
+    anything else (chunked, bidirectional, packed, custom or combined masks)."""
+    from transformers.masking_utils import causal_mask_function
+
+    if mask_function is causal_mask_function:
+        return ("causal", None)
+    if getattr(mask_function, "__name__", "") != "and_mask":
+        return None
+    parts = _closure_vars(mask_function).get("mask_functions")
+    if not isinstance(parts, tuple) or len(parts) != 2 or parts[1] is not causal_mask_function:
+        return None
+    overlay = parts[0]
+    if not getattr(overlay, "__qualname__", "").startswith("sliding_window_overlay."):
+        return None
+    w = _closure_vars(overlay).get("sliding_window")
+    return ("sliding", int(w)) if isinstance(w, int) and w > 0 else None
+
+
+def _no_padding(attention_mask: Optional[torch.Tensor], start: int, stop: int) -> bool:
+    """True when the 2-D padding mask admits every key position in ``[start, stop)`` (reads its values:
+    eager only). Positions past the mask's length count as padding, as transformers pads with False."""
+    if attention_mask is None:
+        return True
+    if attention_mask.dim() != 2 or attention_mask.shape[-1] < stop:
+        return False
+    return bool(attention_mask[:, start:stop].all())
+
+
+def _kv_lens(batch_size: int, q_length: int, q_offset, kv_offset: int, device) -> torch.Tensor:
+    """``q_offset + Sq - kv_offset`` valid keys per sequence as a contiguous int32 ``[B, 1, 1, 1]`` tensor
+    (the mask-shaped carrier :func:`_lens_of` reads), with tensor operations only when ``q_offset`` is a
+    tensor (a static cache's position under tracing: no host read)."""
+    if isinstance(q_offset, torch.Tensor):
+        n = (q_offset.reshape(()).to(device=device, dtype=torch.int32) + (q_length - kv_offset))
+        return n.expand(batch_size).contiguous().view(batch_size, 1, 1, 1)
+    return torch.full((batch_size, 1, 1, 1), int(q_offset) + q_length - kv_offset, dtype=torch.int32,
+                      device=device)
+
+
+def _described(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offset: int,
+               attention_mask: Optional[torch.Tensor], device):
+    """For a plain causal pattern: None (no mask needed), a ``kv_lens`` carrier, or ``...`` (Ellipsis:
+    only a materialised mask says it). Buffer slot ``j`` holds position ``kv_offset + j``; query ``i`` is
+    position ``q_offset + i``; so ``valid = q_offset + Sq - kv_offset`` slots are filled, and the queries
+    are the last ``Sq`` of them."""
+    if _tracing(attention_mask) or _tracing(q_offset):
+        # no values can be read: only a call without any padding mask can be described
+        if attention_mask is None and q_length <= DECODE_MAX_SQ:
+            return _kv_lens(batch_size, q_length, q_offset, kv_offset, device)
+        return ...
+    q_off = q_offset if isinstance(q_offset, int) else int(q_offset)  # one read of a static cache's position
+    valid = q_off + q_length - kv_offset
+    if not 0 < valid <= kv_length or not _no_padding(attention_mask, kv_offset, q_off + q_length):
+        return ...
+    if valid == kv_length and (q_length == 1 or q_length == kv_length):
+        return None  # the keys end at the last query: bottom-right = top-left here, nothing to mask
+        # (with 1 < Sq < Skv a missing mask means top-left to transformers: described by kv_lens below)
+    if q_off == 0 and kv_offset == 0 and q_length > 1:
+        return None  # prefill into a longer buffer: causal over the first Sq keys (the forward slices)
+    if q_length <= DECODE_MAX_SQ:
+        return _kv_lens(batch_size, q_length, q_off, kv_offset, device)
+    return ...
 
 
 def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
                    mask_function=None, attention_mask: Optional[torch.Tensor] = None,
                    local_size: Optional[int] = None, allow_is_causal_skip: bool = True, **kwargs):
-    """transformers' SDPA mask builder (``sdpa_mask``), plus one more case it may skip: a sliding-window
-    causal mask (``local_size`` set, which HF passes only for that pattern) with no padding, whose last
-    query is the last key — the queries are the last ``q_length`` positions of the keys, i.e. the
-    bottom-right alignment :func:`attention_forward` then applies with ``window=(W - 1, 0)``. Only
-    when ``q_length == 1`` (decode) or ``q_length == kv_length`` (prefill): for ``1 < q_length <
-    kv_length`` a missing mask means top-left to HF, so it stays materialised."""
-    from transformers.masking_utils import prepare_padding_mask, sdpa_mask
+    """transformers' mask-interface signature (``sdpa_mask``'s): None or a ``kv_lens`` tensor where the
+    mask is one of the plain causal patterns without padding (module docstring), else exactly
+    ``sdpa_mask``'s mask."""
+    from transformers.masking_utils import sdpa_mask
 
-    if (allow_is_causal_skip and local_size is not None and mask_function is not None
-            and isinstance(q_offset, int) and isinstance(kv_offset, int)
-            and (q_length == 1 or q_length == kv_length)
-            and q_offset + q_length == kv_offset + kv_length
-            and not _tracing(attention_mask)):
-        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
-        if padding is None or bool(padding.all()):
-            return None
+    pattern = mask_pattern(mask_function) if mask_function is not None else None
+    if pattern is not None and isinstance(kv_offset, int):
+        out = _described(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
+                         kwargs.get("device", "cpu"))
+        if out is not ...:
+            return out
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                      local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
 
 
-def _tracing(t: Optional[torch.Tensor]) -> bool:
+def _tracing(t) -> bool:
     # Reading mask values under torch.compile/export would break the graph: keep the mask there.
     if torch.compiler.is_compiling():
         return True
@@ -120,4 +233,4 @@ def register() -> None:
     _REGISTERED = True
 
 
-__all__ = ["NAME", "register", "attention_forward", "attention_mask"]
+__all__ = ["NAME", "register", "attention_forward", "attention_mask", "mask_pattern"]

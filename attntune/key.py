@@ -77,10 +77,10 @@ class TuneKey(BaseModel):
 
     @classmethod
     def from_problem(cls, problem: AttentionProblem, device: DeviceFingerprint) -> "TuneKey":
-        # Alignment only changes the mask when the lengths differ or there is no causal/window mask.
+        """The key of ``problem``'s canonical form (:meth:`AttentionProblem.canonical`): equivalent
+        problems share one key."""
+        problem = problem.canonical()
         align = problem.causal_align
-        if problem.seqlen_q == problem.seqlen_kv or not (problem.causal or problem.window):
-            align = "bottom_right"
         return cls(
             device=device, dtype=problem.dtype, batch=bucket(problem.batch), heads_q=problem.heads_q,
             heads_kv=problem.heads_kv, seqlen_q=bucket(problem.seqlen_q),

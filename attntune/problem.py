@@ -17,7 +17,21 @@ element ``b`` may attend key column ``j`` iff all of these hold:
 * window (l, r):     ``i + off - l <= j <= i + off + r`` (a side given as -1 is unbounded)
 * kv_lens:           ``j < kv_lens[b]`` (per batch element)
 
-A row with no admissible key yields zeros (as FlashAttention), never NaN.
+A row with no admissible key yields zeros (as FlashAttention), never NaN. ``kv_lens`` values are clamped
+to ``[0, Skv]`` first; the clamped length is the one the diagonal uses.
+
+Canonical problems (:func:`canonical_mask`, :meth:`AttentionProblem.canonical`): many argument sets
+describe the same mask, and every problem is reduced to the simplest one before it is keyed or planned,
+so that equivalent calls share a key, a plan and the cheapest implementation:
+
+* causal ∩ window ``(l, r)`` is the one window ``(l, min(r, 0))`` (-1 on the right counts as +inf);
+* a window side that admits every key of every row is unbounded (the left side when
+  ``l >= Sq - 1 + off``, the right side when ``r >= Skv - 1 - off``; with ``kv_lens`` and bottom-right
+  alignment the per-sequence offset never makes these weaker);
+* the window ``(-1, 0)`` is ``causal`` and ``(-1, -1)`` is no mask at all — so a bottom-right causal
+  mask with ``Sq <= 1`` (one decode row sees every key) is no mask;
+* the alignment of a problem without causal/window mask, or with ``Sq == Skv`` and no ``kv_lens``, is
+  ``bottom_right`` (both alignments coincide there).
 """
 
 from __future__ import annotations
@@ -30,6 +44,10 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 Mode = Literal["fwd", "fwd_bwd"]
 Align = Literal["bottom_right", "top_left"]
 
+#: Decode-like problems: at most this many query rows (one new token, or a few speculative ones). Their
+#: KV length typically changes at every call, so per-shape setup costs matter (kernels/sdpa.py).
+DECODE_MAX_SQ = 16
+
 DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -37,6 +55,50 @@ DTYPES = {
     "float64": torch.float64,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def canonical_mask(seqlen_q: int, seqlen_kv: int, kv_lens: bool, causal: bool, align: str,
+                   window: Optional[Tuple[int, int]]) -> Tuple[bool, str, Optional[Tuple[int, int]]]:
+    """The simplest ``(causal, align, window)`` with exactly the mask of the arguments (module docstring).
+
+    Plain integer arithmetic (no pydantic): the dispatch hot path calls it for never-seen shapes.
+
+    >>> canonical_mask(1, 4096, False, True, "bottom_right", None)        # one decode row sees every key
+    (False, 'bottom_right', None)
+    >>> canonical_mask(5, 4096, True, True, "bottom_right", (1023, 3))    # causal ∩ window = one window
+    (False, 'bottom_right', (1023, 0))
+    >>> canonical_mask(1, 4096, True, True, "bottom_right", (1023, 0))    # one row: the right side is moot
+    (False, 'bottom_right', (1023, -1))
+    >>> canonical_mask(1, 900, False, True, "bottom_right", (1023, -1))   # the window covers every key
+    (False, 'bottom_right', None)
+    >>> canonical_mask(4, 900, False, False, "bottom_right", (-1, 0))     # (-1, 0) is causal
+    (True, 'bottom_right', None)
+    >>> canonical_mask(7, 7, False, True, "top_left", None)               # Sq == Skv: alignments agree
+    (True, 'bottom_right', None)
+    """
+    left = right = None
+    if window is not None:
+        left = None if window[0] < 0 else window[0]
+        right = None if window[1] < 0 else window[1]
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    if seqlen_q == 0 or seqlen_kv == 0:
+        left = right = None  # no rows or no keys: every mask gives the same (empty or all-zero) output
+    else:
+        off = seqlen_kv - seqlen_q if align == "bottom_right" else 0
+        if left is not None and left >= seqlen_q - 1 + off:
+            left = None
+        if right is not None and right >= seqlen_kv - 1 - off:
+            right = None
+    if left is None and right is None:
+        return False, "bottom_right", None
+    if left is None and right == 0:
+        causal, window = True, None
+    else:
+        causal, window = False, (-1 if left is None else left, -1 if right is None else right)
+    if seqlen_q == seqlen_kv and not kv_lens:
+        align = "bottom_right"
+    return causal, align, window
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -136,6 +198,15 @@ class AttentionProblem(BaseModel):
         """True when a finite left window makes the cost grow with S*W rather than S^2."""
         return self.window_bounds[0] is not None
 
+    def canonical(self) -> "AttentionProblem":
+        """The equivalent problem in canonical form (module docstring); ``self`` when already canonical.
+        Idempotent; the mask, and so every output, is exactly the same."""
+        c, a, w = canonical_mask(self.seqlen_q, self.seqlen_kv, self.kv_lens, self.causal, self.causal_align,
+                                 self.window)
+        if c == self.causal and a == self.causal_align and w == self.window:
+            return self
+        return self.model_copy(update={"causal": c, "causal_align": a, "window": w})
+
     @property
     def softmax_scale(self) -> float:
         return self.scale if self.scale is not None else self.head_dim ** -0.5
@@ -227,7 +298,8 @@ def problem_from_tensors(
     scale: Optional[float] = None,
     validate: bool = True,
 ) -> AttentionProblem:
-    """Build the problem of a call in O(1) (shapes only; no data is read).
+    """Build the *canonical* problem of a call in O(1) (shapes only; no data is read): the mask
+    arguments are reduced by :func:`canonical_mask` before the model is built (once).
 
     ``mode`` defaults to ``fwd_bwd`` when grad is enabled and any input requires grad.
     """
@@ -236,10 +308,15 @@ def problem_from_tensors(
     if mode is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         mode = "fwd_bwd" if needs_grad else "fwd"
+    if window is not None:
+        window = (int(window[0]), int(window[1]))
+        if window[0] < -1 or window[1] < -1:  # canonical_mask reads -1 as unbounded: refuse the rest here
+            raise ValueError(f"window: sides must be >= 0 or -1 (unbounded), got {window}")
+    causal, causal_align, window = canonical_mask(q.shape[2], k.shape[2], kv_lens is not None, bool(causal),
+                                                  causal_align, window)
     return AttentionProblem(
         batch=q.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
         seqlen_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=dtype_name(q.dtype),
-        device_type=q.device.type, causal=bool(causal), causal_align=causal_align,
-        window=None if window is None else (int(window[0]), int(window[1])),
+        device_type=q.device.type, causal=causal, causal_align=causal_align, window=window,
         kv_lens=kv_lens is not None, mode=mode, approx=bool(approx), scale=scale,
     )

@@ -31,7 +31,8 @@ def _p(
     kv_lens: bool = False,
     mode: str = "fwd",
 ) -> AttentionProblem:
-    """A template (placeholder dtype/device; see module docstring)."""
+    """A template (placeholder dtype/device; see module docstring), in canonical form (the runtime keys
+    calls by their canonical problem: causal + window ``(W, 0)`` is the window ``(W, 0)``)."""
     return AttentionProblem(
         batch=b,
         heads_q=hq,
@@ -46,7 +47,7 @@ def _p(
         window=window,
         kv_lens=kv_lens,
         mode=mode,
-    )
+    ).canonical()
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def _demo() -> List[AttentionProblem]:
 
 
 def _default() -> List[AttentionProblem]:
-    # The H200 mix (bf16 by default): prefill, chunked prefill, decode, sliding window. 28 keys, sized so
+    # The H200 mix (bf16 by default): prefill, chunked prefill, decode, sliding window. 33 keys, sized so
     # that the whole suite tunes in minutes with --trials 24.
     out = [
         # prefill, head_dim 64
@@ -103,6 +104,13 @@ def _default() -> List[AttentionProblem]:
         _p(64, 32, 8, 1, 4096, 128, kv_lens=True),
         _p(16, 32, 32, 1, 2048, 128, kv_lens=True),
         _p(8, 32, 8, 1, 4096, 64, kv_lens=True),
+        # decode as Hugging Face generate makes it (head_dim 64, GQA 32/8): a dynamic cache's step is
+        # unmasked (one row sees every key), a static cache's carries kv_lens, a sliding layer a window
+        _p(1, 32, 8, 1, 4096, 64),
+        _p(8, 32, 8, 1, 1024, 64),
+        _p(32, 32, 8, 1, 4096, 64),
+        _p(8, 32, 8, 1, 6144, 64, kv_lens=True),
+        _p(2, 32, 8, 1, 16384, 128, window=(1024, -1), kv_lens=True),
         # sliding window (causal, left window W)
         _p(4, 16, 16, 8192, 8192, 64, causal=True, window=(512, 0)),
         _p(2, 32, 8, 4096, 4096, 128, causal=True, window=(1024, 0)),

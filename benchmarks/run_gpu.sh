@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, results as JSON under $OUT (default benchmarks/results/latest).
-# Usage: STAGES="tests tune suite flash decode dispatch e2e regret" bash benchmarks/run_gpu.sh
+# Usage: STAGES="tests tune suite flash decode dispatch e2e generate regret probe" bash benchmarks/run_gpu.sh
 # Stages run in the order given; a failing stage is logged and the next one runs.
 # Output: $OUT/results.tar.gz (every JSON + log) and $OUT/cache.db when the tune stage ran.
 set -u
@@ -23,7 +23,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 for st in $STAGES; do
   t0=$(date +%s); log "stage $st"
   case $st in
-    tests)    timeout $T_TESTS python3 -m pytest -q -m gpu ${TEST_PATHS:-tests} -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; tail -5 "$W/gpu_tests.log" ;;
+    tests)    XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
+              timeout $T_TESTS python3 -m pytest -q -m gpu $XDIST ${TEST_PATHS:-tests} -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; grep -E "^(FAILED|ERROR)" "$W/gpu_tests.log" | head -30; tail -3 "$W/gpu_tests.log" ;;
     tune)     rm -f "$W/cache.db" "$W/optuna.db"
               t1=$(date +%s)
               timeout 1800 attntune tune --suite "$TUNE_SUITE" --cache "$W/cache.db" \
@@ -45,6 +46,8 @@ for st in $STAGES; do
     dispatch) ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_BENCH python3 benchmarks/bench_dispatch.py --out "$W/dispatch_gpu.json" > "$W/dispatch.log" 2>&1; tail -15 "$W/dispatch.log" ;;
     e2e)      ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_E2E python3 benchmarks/e2e_gpt.py --out "$W/e2e_gpt.json" > "$W/e2e.log" 2>&1; tail -25 "$W/e2e.log" ;;
     regret)   timeout $T_BENCH python3 benchmarks/regret.py --out "$W/regret.json" ${REGRET_ARGS:-} > "$W/regret.log" 2>&1; tail -20 "$W/regret.log" ;;
+    generate) ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_BENCH python3 benchmarks/bench_generate.py --out "$W/generate.json" ${GENERATE_ARGS:-} > "$W/generate.log" 2>&1; tail -40 "$W/generate.log" ;;
+    probe)    timeout $T_BENCH python3 benchmarks/probe_host.py --out "$W/probe_host.json" > "$W/probe.log" 2>&1; tail -30 "$W/probe.log" ;;
     *)        log "unknown stage $st" ;;
   esac
   log "stage $st took $(( $(date +%s) - t0 )) s"

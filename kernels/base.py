@@ -8,6 +8,9 @@ Call order (who calls what, when):
   config before it is ever executed). Must be deterministic for a problem.
 * ``run(q, k, v, problem, config, kv_lens)`` — on the hot path, for every call. ``config`` has been
   validated against ``space(problem)`` already; ``run`` must not re-validate it.
+* ``reuse_reasons(problem, config)`` — by the runtime, for the first call of a never-seen shape whose
+  bucket already has a plan on this variant (a decode loop's new KV length, say): may the plan serve
+  the exact shape? Must be cheap (it runs on a call's path once per new shape).
 * ``source_hash()`` — once per process; stored with tuned rows so a kernel change makes them stale.
 """
 
@@ -109,6 +112,10 @@ class Variant(abc.ABC):
     family: ClassVar[str] = "other"
     #: modules whose source defines this variant's numerics/speed (hashed into the fingerprint)
     source_modules: ClassVar[Sequence[str]] = ()
+    #: False when ``space(problem)`` depends only on what a plan's family fixes exactly (dtype, head
+    #: dims, heads, mask kind, mode, device — not batch or sequence lengths): a config valid for one
+    #: shape of a family is then valid for all of them, and :meth:`reuse_reasons` skips re-validating it.
+    space_depends_on_lengths: ClassVar[bool] = True
 
     @abc.abstractmethod
     def supports(self, problem: AttentionProblem) -> List[str]:
@@ -117,6 +124,15 @@ class Variant(abc.ABC):
     def space(self, problem: AttentionProblem) -> Space:
         """Tunable parameters for ``problem`` (default: none)."""
         return Space()
+
+    def reuse_reasons(self, problem: AttentionProblem, config: Config) -> List[str]:
+        """Reasons a plan on this variant with ``config``, decided for another shape of ``problem``'s
+        family, cannot serve ``problem`` (empty = it can): :meth:`supports`, plus the config's validity
+        when the space depends on lengths."""
+        out = self.supports(problem)
+        if not out and self.space_depends_on_lengths:
+            out = self.space(problem).validate(config)
+        return out
 
     @abc.abstractmethod
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem,

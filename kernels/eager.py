@@ -21,6 +21,7 @@ _MAX_SCORES = 1 << 34
 class EagerVariant(Variant):
     name = "eager"
     family = "reference"
+    space_depends_on_lengths = False  # no tunables
     description = "torch matmul + softmax with a materialised mask (safe fallback, O(S^2) memory)"
 
     def supports(self, problem: AttentionProblem) -> List[str]:

@@ -39,11 +39,12 @@ def build_mask(problem: AttentionProblem, device: torch.device | str,
     mask is needed at all.
 
     With ``kv_lens`` and bottom-right alignment the causal/window diagonal sits at
-    ``off_b = kv_lens[b] - Sq`` for each sequence (see :mod:`attntune.problem`)."""
+    ``off_b = kv_lens[b] - Sq`` for each sequence (see :mod:`attntune.problem`). ``kv_lens`` values are
+    clamped to ``[0, Skv]`` first, and the clamped length places the diagonal too (as the decode kernel)."""
     sq, skv = problem.seqlen_q, problem.seqlen_kv
     left, right = problem.window_bounds
     mask = None
-    lens = None if kv_lens is None else kv_lens.to(device=device, dtype=torch.int64)
+    lens = None if kv_lens is None else kv_lens.to(device=device, dtype=torch.int64).clamp(0, skv)
     if left is not None or right is not None:
         j = torch.arange(skv, device=device).unsqueeze(0)  # [1, Skv]
         i = torch.arange(sq, device=device).unsqueeze(1)  # [Sq, 1]

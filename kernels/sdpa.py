@@ -3,6 +3,14 @@
 Masks that ``is_causal`` cannot express (bottom-right causal with Sq != Skv, windows, kv_lens) go in
 as a materialised boolean ``attn_mask`` — the cost a user pays today without attntune. GQA goes in as
 ``enable_gqa`` where the backend takes it, else K/V are expanded (also a real cost, measured as such).
+
+Per-shape setup cost counts. cuDNN builds an execution graph for every new shape: on the H200 (torch
+2.11, cuDNN 9.19) the first q_len-1 call at a never-seen KV length took 35–54 ms (median; up to 0.7 s),
+against ~0.06 ms for the flash backend (``benchmarks/results/probe_host_h200.json``) — and a decode loop
+sees a new KV length at every step. So for decode-like problems (``Sq <= DECODE_MAX_SQ``) on GPUs,
+``sdpa_cudnn`` declines and ``sdpa_default`` runs torch's choice among the other backends. Backends are
+selected by setting torch's global SDPA flags around the call and restoring them (sub-µs), not with
+``torch.nn.attention.sdpa_kernel`` (13 µs of host time per call measured on a CPU).
 """
 
 from __future__ import annotations
@@ -18,9 +26,38 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attntune.kernels.base import Config, Variant
 from attntune.kernels.masks import build_mask, needs_mask
 from attntune.kernels.reference import expand_kv
-from attntune.problem import AttentionProblem
+from attntune.problem import DECODE_MAX_SQ, AttentionProblem
 
 _GPU_DTYPES_16 = ("float16", "bfloat16")
+
+#: (backend, getter, setter) of torch's global SDPA backend flags; None where this torch lacks one
+_FLAGS = tuple(
+    (be, getattr(torch._C, get, None), getattr(torch._C, set_, None))
+    for be, get, set_ in (
+        (SDPBackend.FLASH_ATTENTION, "_get_flash_sdp_enabled", "_set_sdp_use_flash"),
+        (SDPBackend.EFFICIENT_ATTENTION, "_get_mem_efficient_sdp_enabled", "_set_sdp_use_mem_efficient"),
+        (SDPBackend.MATH, "_get_math_sdp_enabled", "_set_sdp_use_math"),
+        (SDPBackend.CUDNN_ATTENTION, "_get_cudnn_sdp_enabled", "_set_sdp_use_cudnn"),
+    )
+)
+_RAW_FLAGS = all(get is not None and set_ is not None for _, get, set_ in _FLAGS)
+_CUDNN_SETUP_WHY = ("cuDNN builds an execution graph per new shape (35-54 ms at every new KV length on the "
+                    "H200): not for decode, whose KV length changes every step")
+
+
+def _sdpa_with(enabled: frozenset, q, k, v, kwargs):
+    """torch SDPA with only the backends in ``enabled`` allowed (global flags set, then restored)."""
+    if not _RAW_FLAGS:
+        with sdpa_kernel(list(enabled)):
+            return _torch_sdpa(q, k, v, **kwargs)
+    saved = [get() for _, get, _ in _FLAGS]
+    try:
+        for be, _, set_ in _FLAGS:
+            set_(be in enabled)
+        return _torch_sdpa(q, k, v, **kwargs)
+    finally:
+        for (_, _, set_), was in zip(_FLAGS, saved):
+            set_(was)
 
 # torch's own SDPA, bound at import: while ``attntune.dispatch()`` patches
 # ``F.scaled_dot_product_attention``, these variants must still call torch's, not re-enter attntune.
@@ -31,6 +68,7 @@ class SdpaVariant(Variant):
     """``torch.nn.functional.scaled_dot_product_attention`` with one backend forced (or none)."""
 
     family = "sdpa"
+    space_depends_on_lengths = False  # no tunables
     source_modules = ("attntune.kernels.sdpa", "attntune.kernels.masks")
 
     def __init__(self, name: str, backend: Optional[SDPBackend], description: str,
@@ -52,6 +90,8 @@ class SdpaVariant(Variant):
             reasons.append(f"{problem.dtype} not supported by this backend on GPU")
         if problem.seqlen_q == 0 or problem.seqlen_kv == 0:
             reasons.append("empty sequence")
+        if gpu and self.backend == SDPBackend.CUDNN_ATTENTION and problem.seqlen_q <= DECODE_MAX_SQ:
+            reasons.append(_CUDNN_SETUP_WHY)
         if reasons or not gpu or self.backend is None or self.backend == SDPBackend.MATH:
             return reasons
         return _torch_gpu_reasons(self.backend, problem)
@@ -68,10 +108,11 @@ class SdpaVariant(Variant):
         kwargs = dict(attn_mask=mask, is_causal=is_causal, scale=problem.scale)
         if gqa:
             kwargs["enable_gqa"] = True
-        if self.backend is None:
-            return _torch_sdpa(q, k, v, **kwargs)
-        with sdpa_kernel(self.backend):
-            return _torch_sdpa(q, k, v, **kwargs)
+        if self.backend is not None:
+            return _sdpa_with(frozenset((self.backend,)), q, k, v, kwargs)
+        if problem.seqlen_q <= DECODE_MAX_SQ and q.is_cuda:
+            return _sdpa_with(_NOT_CUDNN, q, k, v, kwargs)  # torch's choice, minus cuDNN's per-shape graphs
+        return _torch_sdpa(q, k, v, **kwargs)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -113,8 +154,11 @@ def _torch_gpu_reasons(backend: SDPBackend, problem: AttentionProblem) -> List[s
     return msgs or [f"torch reports {backend.name} cannot run this problem"]
 
 
+_NOT_CUDNN = frozenset((SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH))
+
 VARIANTS = [
-    SdpaVariant("sdpa_default", None, "torch SDPA, torch's own backend choice", False,
+    SdpaVariant("sdpa_default", None, "torch SDPA, torch's own backend choice (on GPUs without cuDNN for "
+                f"decode, Sq <= {DECODE_MAX_SQ}: per-shape graph builds)", False,
                 ("float16", "bfloat16", "float32", "float64"), True),
     SdpaVariant("sdpa_flash", SDPBackend.FLASH_ATTENTION, "torch SDPA, FlashAttention-2 backend "
                 "(CPU: torch's flash CPU kernel)", False, _GPU_DTYPES_16, True),

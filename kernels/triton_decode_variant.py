@@ -1,6 +1,8 @@
 """The ``triton_decode`` variant: split-K flash-decoding over a KV cache (:mod:`.triton_decode`).
 
-For decode and speculative decode (1..16 query positions), forward only. Its tunables: ``BLOCK_N``
+For decode and speculative decode (1..16 query positions), forward only; kv_lens, causal and sliding
+windows, all aligned bottom-right per sequence (the queries are the last positions of each sequence; a
+top-left problem runs only where it is the same mask). Its tunables: ``BLOCK_N``
 (keys per tile), ``num_splits`` (0 = chosen per call from the shape and SM count), ``num_warps``,
 ``num_stages`` (0 = chosen per call from the program count and shared memory).
 """
@@ -13,8 +15,9 @@ from typing import List, Optional
 import torch
 
 from attntune.kernels.base import Config, Param, Space, Variant
-from attntune.kernels.triton_decode.launch import MAX_SPLITS, SMEM_BLOCK_BUDGET, block_d, block_m, kv_smem_bytes
-from attntune.kernels.triton_decode.op import decode_attention
+from attntune.kernels.triton_decode.launch import (MAX_SPLITS, SMEM_BLOCK_BUDGET, DecodeConfig, block_d, block_m,
+                                                   kv_smem_bytes, launch_decode)
+from attntune.tolerances import tf32_allowed
 from attntune.problem import AttentionProblem
 
 MAX_SEQLEN_Q = 16
@@ -31,13 +34,20 @@ class TritonDecodeVariant(Variant):
     name = "triton_decode"
     family = "triton"
     description = ("Triton split-K flash-decoding: K/V tiles read once per GQA group and query block, "
-                   "splits over the key axis combined by LSE; kv_lens; forward only, Sq <= 16")
+                   "splits over the key axis (of the window only) combined by LSE; kv_lens, causal, "
+                   "sliding window; forward only, Sq <= 16")
+    # space() reads head dims, the GQA group, Sq (exact in its bucket up to 16) and dtype only
+    space_depends_on_lengths = False
     source_modules = (
+        "attntune.kernels.triton_launch",
         "attntune.kernels.triton_decode.jit",
         "attntune.kernels.triton_decode.launch",
         "attntune.kernels.triton_decode.op",
         "attntune.kernels.triton_decode_variant",
     )
+
+    def __init__(self) -> None:
+        self._configs = {}  # (BLOCK_N, num_splits, num_warps, num_stages) -> DecodeConfig
 
     def supports(self, problem: AttentionProblem) -> List[str]:
         reasons = []
@@ -56,13 +66,12 @@ class TritonDecodeVariant(Variant):
             reasons.append(f"head_dim_v {problem.head_dim_v} != head_dim {problem.head_dim}")
         if problem.dtype == "float64":
             reasons.append("float64 not supported (tl.dot has no fp64 path)")
-        if problem.window is not None:
-            reasons.append("sliding window not supported")
-        if problem.causal and problem.causal_align == "top_left":
-            # The kernel's diagonal is the last Sq positions of each sequence (bottom-right). Top-left
-            # gives the same mask only when it puts row 0 at key 0 too: Sq == Skv without kv_lens.
+        if (problem.causal or problem.window is not None) and problem.causal_align == "top_left":
+            # The kernel's diagonal (causal and window alike) is the last Sq positions of each sequence
+            # (bottom-right). Top-left gives the same mask only when it puts row 0 at key 0 too: Sq == Skv
+            # without kv_lens.
             if problem.kv_lens or problem.seqlen_q != problem.seqlen_kv:
-                reasons.append("causal with top-left alignment (only bottom-right decode alignment)")
+                reasons.append("causal/window with top-left alignment (only bottom-right decode alignment)")
         return reasons
 
     def space(self, problem: AttentionProblem) -> Space:
@@ -105,8 +114,18 @@ class TritonDecodeVariant(Variant):
 
     def run(self, q, k, v, problem: AttentionProblem, config: Config,
             kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return decode_attention(q, k, v, kv_lens=kv_lens, causal=problem.causal, scale=problem.scale,
-                                config=config)
+        # The host path of a decode step is its speed (an eager decode step is host-bound): the runtime
+        # has validated these inputs for this problem's shapes, so the public op's per-call argument
+        # checks are skipped here (decode_attention keeps them for direct callers), and the config is
+        # converted once per distinct config.
+        key = (config.get("BLOCK_N"), config.get("num_splits"), config.get("num_warps"), config.get("num_stages"))
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = self._configs.setdefault(key, DecodeConfig.from_dict(config))
+        precision = "ieee" if q.dtype == torch.float32 and not tf32_allowed() else "tf32"
+        out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+        return launch_decode(q, k, v, kv_lens, out, problem.causal, problem.softmax_scale, cfg, precision,
+                             problem.window)
 
 
 VARIANTS = [TritonDecodeVariant()]

@@ -3,8 +3,11 @@
 Eager calls (the common case) never enter the dispatcher: a call builds a tuple signature from its
 tensors' shapes, dtypes, devices and flags (no pydantic, no validation), looks the signature up in
 :data:`~attntune.policies.runtime.SLOTS` and calls the slot's variant — one dict lookup and one call.
-The first call of a signature validates the inputs, builds the :class:`AttentionProblem`, resolves the
-plan (cache index, policy; misses flushed to the user cache) and stores the slot. Gradients flow
+The first call of a signature either reuses the plan of its *family* (same TuneKey ingredients: a
+never-seen KV length of a decode loop, say — one problem model built, the variant asked whether it takes
+the exact shape, nothing else) or validates the inputs, builds the canonical :class:`AttentionProblem`,
+resolves the plan (cache index, policy; misses counted, written later off the hot path) and stores the
+slot. Gradients flow
 through the chosen variant's own autograd.
 
 Under ``torch.compile`` (``torch.compiler.is_compiling()``) the same functions emit the custom op
@@ -34,11 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attntune.key import bucket
 from attntune.policies import runtime as _runtime
 from attntune.policies.plan import Plan
 from attntune.policies.runtime import COUNTS as _COUNTS
-from attntune.policies.runtime import SLOTS, Slot
-from attntune.problem import DTYPE_NAMES, AttentionProblem, problem_from_tensors, validate_qkv
+from attntune.policies.runtime import FAMILIES, SLOTS, Slot
+from attntune.problem import DTYPE_NAMES, AttentionProblem, canonical_mask, problem_from_tensors, validate_qkv
 
 #: torch's own SDPA, captured when attntune's runtime is imported (before any patch of ours)
 _torch_sdpa = F.scaled_dot_product_attention
@@ -182,7 +186,63 @@ def _store(sig, plan: Plan, fresh_miss: bool, device) -> Slot:
     return slot
 
 
+def _family_sig(tag, q, k, v, kv_lens, causal, align, window, scale, approx, grad) -> Optional[tuple]:
+    """The call's family signature (:data:`~attntune.policies.runtime.FAMILIES`): what its TuneKey is
+    made of — canonical mask, exact heads/head dims/dtypes/devices/flags, bucketed batch and lengths —
+    in plain Python. None when the inputs do not even look consistent: the slow path then raises the
+    error that names the argument."""
+    try:
+        b, hq, sq, d = q.shape
+        bk, hkv, skv, dk = k.shape
+        bv, hv, sv, dv = v.shape
+        kvm = None
+        if kv_lens is not None:
+            if kv_lens.shape != (b,):
+                return None
+            kvm = (kv_lens.dtype, kv_lens.device)
+    except Exception:  # noqa: BLE001 — not tensors, nested tensors, wrong ranks: the slow path explains
+        return None
+    if bk != b or bv != b or hv != hkv or sv != skv or dk != d or not isinstance(causal, (bool, int)):
+        return None
+    if window is not None and (window[0] < -1 or window[1] < -1):
+        return None
+    c, a, w = canonical_mask(sq, skv, kvm is not None, bool(causal), align, window)
+    return (tag, bucket(b), hq, hkv, bucket(sq), bucket(skv), d, dv, q.dtype, k.dtype, v.dtype, q.device,
+            k.device, v.device, c, a, w, scale, approx, grad, kvm)
+
+
+def _reuse(sig, fam: Optional[tuple], q, k) -> Optional[Slot]:
+    """A slot for a never-seen exact shape from its family's plan, or None (then the slow path decides).
+    Builds the problem model once (a copy of the family's with the new batch and lengths) and asks the
+    variant whether it takes the exact shape; no index look-up, no database, no policy."""
+    if fam is None:
+        return None
+    t = FAMILIES.get(fam)
+    if t is None:
+        return None
+    problem = t.problem.model_copy(update={"batch": q.shape[0], "seqlen_q": q.shape[2],
+                                           "seqlen_kv": k.shape[2]})
+    rt = _runtime.get()
+    if rt.reuse_reasons(t.plan, problem):
+        return None
+    if len(SLOTS) >= _runtime.MAX_SLOTS:
+        rt.overflow()
+    slot = Slot(t.plan, t.fn, problem, t.config, t.every, t.device, miss=t.miss)
+    SLOTS[sig] = slot
+    return slot
+
+
+def _remember(fam: Optional[tuple], slot: Slot) -> None:
+    """Let other shapes of ``slot``'s family reuse its plan (fallbacks are decided per problem)."""
+    if fam is not None and slot.plan is not None and slot.plan.source != "fallback":
+        FAMILIES[fam] = slot
+
+
 def _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad) -> Slot:
+    fam = _family_sig("attention", q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad)
+    slot = _reuse(sig, fam, q, k)
+    if slot is not None:
+        return slot
     problem = _problem(q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad)
     rt = _runtime.get()
     with rt.lock:
@@ -190,6 +250,7 @@ def _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad) 
         if slot is None:
             plan, fresh = rt.resolve(problem, q.device)
             slot = _store(sig, plan, fresh, q.device)
+            _remember(fam, slot)
     return slot
 
 
@@ -224,12 +285,17 @@ def _dropin_slot(sig, q, k, v, is_causal, scale, enable_gqa, grad) -> Slot:
         slot = Slot(None, passthrough, None, None, 0, q.device if isinstance(q, Tensor) else None)
         SLOTS[sig] = slot
         return slot
+    fam = _family_sig(("sdpa", bool(enable_gqa)), q, k, v, None, is_causal, "top_left", None, scale, False, grad)
+    slot = _reuse(sig, fam, q, k)
+    if slot is not None:
+        return slot
     problem = _problem(q, k, v, None, is_causal, "top_left", None, scale, False, grad)
     with rt.lock:
         slot = SLOTS.get(sig)
         if slot is None:
             plan, fresh = rt.resolve(problem, q.device)
             slot = _store(sig, plan, fresh, q.device)
+            _remember(fam, slot)
     return slot
 
 
@@ -311,14 +377,19 @@ def _op_slot(q, k, v, kv_lens, causal, top_left, wl, wr, scale, approx, grad) ->
            None if kv_lens is None else (kv_lens.shape, kv_lens.dtype))
     slot = _get(sig)
     if slot is None:
-        problem = _problem(q, k, v, kv_lens, causal, "top_left" if top_left else "bottom_right", window,
-                           scale, appr, grad)
+        align = "top_left" if top_left else "bottom_right"
+        fam = _family_sig(_OP, q, k, v, kv_lens, causal, align, window, scale, appr, grad)
+        slot = _reuse(sig, fam, q, k)
+        if slot is not None:
+            return sig, slot
+        problem = _problem(q, k, v, kv_lens, causal, align, window, scale, appr, grad)
         rt = _runtime.get()
         with rt.lock:
             slot = SLOTS.get(sig)
             if slot is None:
                 plan, fresh = rt.resolve(problem, q.device)
                 slot = _store(sig, plan, fresh, q.device)
+                _remember(fam, slot)
     return sig, slot
 
 

@@ -7,6 +7,15 @@ Two caches of decisions:
 * :data:`SLOTS`: the hot path's cache, keyed by a cheap tuple signature of a call (shapes, dtypes,
   devices, flags) so that a repeated call never builds a pydantic problem. A :class:`Slot` holds exactly
   what the call needs (the bound ``run``, the problem, the config) plus its counters.
+* :data:`FAMILIES`: bucket-level decisions for never-seen shapes. A call whose exact signature is new but
+  whose *family signature* (the canonical mask, exact heads/head dims/dtypes/devices/flags, bucketed
+  batch and lengths — exactly what its :class:`TuneKey` is made of) has been planned before reuses that
+  plan once the variant accepts the exact shape (:meth:`Runtime.reuse_reasons`): one problem model
+  built, no index look-up, no database. A decode loop sees a new KV length every step; this keeps it cheap.
+
+Misses (calls without an exact tuned row) are counted in memory and written to the user cache *off the
+hot path*: by a background thread a few seconds after the first one, at ``reset()``/``flush_misses()``
+and at exit — never while a call waits.
 
 Lock discipline: the hot path only reads ``SLOTS`` (a dict ``get``, atomic in CPython) and bumps its
 slot's counters; everything that writes (resolution, quarantine, reset) holds ``Runtime.lock``. Slots
@@ -21,7 +30,7 @@ import dataclasses
 import threading
 import warnings
 from collections import deque
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -65,6 +74,10 @@ class Slot:
 
 #: the hot path's signature → Slot dict (one object for the life of the process; reset() clears it)
 SLOTS: Dict[tuple, Slot] = {}
+#: family signature → the Slot whose plan other shapes of that family reuse (see the module docstring)
+FAMILIES: Dict[tuple, Slot] = {}
+#: seconds between background writes of misses (the first write happens this long after the first miss)
+MISS_FLUSH_SECONDS = 5.0
 #: calls with no slot: drop-in calls with a mask or dropout, handed to torch before any look-up
 COUNTS: Dict[str, int] = {"passthrough": 0}
 
@@ -106,6 +119,8 @@ class Runtime:
         self.quarantine: Set[Tuple[str, str]] = set()
         self.quarantine_why: Dict[Tuple[str, str], str] = {}
         self.pending: Dict[str, Tuple[TuneKey, int]] = {}
+        self._flusher: Optional[threading.Thread] = None
+        self._stop = threading.Event()
 
     def warn_once(self, tag: str, msg: str) -> None:
         """One RuntimeWarning per tag for the life of this runtime (``reset()`` starts afresh)."""
@@ -159,7 +174,7 @@ class Runtime:
             if missed:
                 self.missed.add(key.key_id)
                 self._add_pending(key, 1)
-                self.flush_misses()
+                self._start_flusher()
             return plan, missed
 
     def _reuse(self, prev: Optional[Plan], problem: AttentionProblem, key: TuneKey) -> Optional[Plan]:
@@ -173,10 +188,20 @@ class Runtime:
             return None
         return dataclasses.replace(prev, problem=problem, key=key)
 
+    def reuse_reasons(self, plan: Plan, problem: AttentionProblem) -> List[str]:
+        """Why ``plan`` (decided for another shape of ``problem``'s family) cannot serve ``problem``:
+        the runtime's length limit and the variant's own :meth:`~attntune.kernels.base.Variant.reuse_reasons`.
+        Environment switches, quarantine and the cache were settled when the family's plan was resolved
+        (a quarantine drops the family's entry)."""
+        cfg = self.config
+        if cfg.max_seqlen is not None and max(problem.seqlen_q, problem.seqlen_kv) > cfg.max_seqlen:
+            return [f"longer than ATTNTUNE_MAX_SEQLEN={cfg.max_seqlen}"]
+        return plan.impl.reuse_reasons(problem, plan.config)
+
     def overflow(self) -> None:
         """Empty SLOTS and the per-problem plans (see :data:`MAX_SLOTS`); per-key decisions stay."""
         with self.lock:
-            self.flush_misses()
+            self._collect_slot_misses()
             LOG.info("%d call signatures: dropping per-shape slots and plans (telemetry restarts)", len(SLOTS))
             SLOTS.clear()
             self.plans.clear()
@@ -188,21 +213,42 @@ class Runtime:
         old = self.pending.get(key.key_id)
         self.pending[key.key_id] = (key, n + (old[1] if old else 0))
 
+    def _collect_slot_misses(self) -> None:
+        """Move the calls counted on miss slots since the last flush into ``pending`` (holds the lock)."""
+        for slot in list(SLOTS.values()):
+            if slot.miss and slot.plan is not None and slot.plan.key is not None:
+                n = slot.calls - slot.reported
+                if n > 0:
+                    slot.reported += n
+                    self._add_pending(slot.plan.key, n)
+
     def flush_misses(self) -> None:
         """Write the misses seen so far (one per resolution plus the calls since) to the user cache.
-        Called when a plan is resolved, by reset() and at exit — never per call."""
+        Called by the background flusher, by reset() and at exit — never on a call's path. The lock is
+        held only to take the pending counts; the database write happens outside it, so a slow or locked
+        cache never holds up a thread that is resolving a plan."""
         with self.lock:
-            for slot in list(SLOTS.values()):
-                if slot.miss and slot.plan is not None and slot.plan.key is not None:
-                    n = slot.calls - slot.reported
-                    if n > 0:
-                        slot.reported += n
-                        self._add_pending(slot.plan.key, n)
-            if not self.pending:
+            self._collect_slot_misses()
+            if not self.pending or self._index is None:  # nothing resolved against a cache: nothing to write
                 return
-            if self._index is None:  # nothing has been resolved against a cache: nothing to flush
-                return
-            self._index.flush_misses(self.pending)
+            pending, self.pending = self.pending, {}
+            index = self._index
+        index.flush_misses(pending)
+
+    def _start_flusher(self) -> None:
+        """Start the background miss writer once (a daemon thread; stopped by close())."""
+        if self._flusher is not None:
+            return
+        t = threading.Thread(target=self._flush_loop, name="attntune-misses", daemon=True)
+        self._flusher = t
+        t.start()
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(MISS_FLUSH_SECONDS):
+            try:
+                self.flush_misses()
+            except Exception as e:  # noqa: BLE001 — telemetry; the final flush at close() tries again
+                LOG.debug("background flush of misses failed: %s", e)
 
     # ---- failure handling -------------------------------------------------------------------------
     def quarantine_plan(self, plan: Plan, error: BaseException) -> Plan:
@@ -227,6 +273,9 @@ class Runtime:
             for kk, p in list(self.by_key.items()):
                 if (p.variant, p.config_json) == tag:
                     del self.by_key[kk]
+            for fam, slot in list(FAMILIES.items()):
+                if slot.plan is not None and (slot.plan.variant, slot.plan.config_json) == tag:
+                    del FAMILIES[fam]
             for sig, slot in list(SLOTS.items()):
                 if slot.plan is not None and slot.plan is not fb and (
                         slot.plan.variant, slot.plan.config_json) == tag:
@@ -234,6 +283,10 @@ class Runtime:
             return fb
 
     def close(self) -> None:
+        self._stop.set()
+        t = self._flusher
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=MISS_FLUSH_SECONDS)
         try:
             self.flush_misses()
         except Exception as e:  # noqa: BLE001 — telemetry must not break interpreter exit
@@ -269,11 +322,13 @@ def reset() -> None:
     with _RT_LOCK:
         rt, _RT = _RT, None
         if rt is not None:
+            rt.close()  # not under rt.lock: it joins the flusher thread, which takes that lock
             with rt.lock:
-                rt.close()
                 SLOTS.clear()
+                FAMILIES.clear()
         else:
             SLOTS.clear()
+            FAMILIES.clear()
         COUNTS["passthrough"] = 0
 
 

@@ -61,7 +61,7 @@ def stats() -> Dict[str, Any]:
         p = slot.plan
         if slot.miss:
             misses += slot.calls
-        entry = {"problem": p.problem.short(), "key_id": p.key_id, "variant": p.variant, "config": p.config,
+        entry = {"problem": (slot.problem or p.problem).short(), "key_id": p.key_id, "variant": p.variant, "config": p.config,
                  "source": p.source, "calls": slot.calls, "miss": slot.miss, "latency": _latency(slot)}
         plans.append(entry)
         if p.key_id is not None:

@@ -8,6 +8,8 @@ serving shapes and bf16.
 from __future__ import annotations
 
 import doctest
+import functools
+import itertools
 
 import pytest
 import torch
@@ -27,11 +29,11 @@ DTYPES = [torch.float16, torch.float32,
               not HAS_GPU, reason="bf16 tl.dot returns garbage in the triton interpreter (CPU)"))]
 
 
-def problem_of(q, k, causal, with_lens):
+def problem_of(q, k, causal, with_lens, window=None):
     return AttentionProblem(batch=q.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
                             seqlen_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=k.shape[3],
                             dtype=dtype_name(q.dtype), device_type=q.device.type, causal=causal,
-                            kv_lens=with_lens)
+                            window=window, kv_lens=with_lens)
 
 
 def lens_with_edges(b, s_max, seed=0):
@@ -52,14 +54,39 @@ def poison_padding(k, v, lens):
     return k, v
 
 
-def check(q, k, v, lens, causal, config, k_ref=None, v_ref=None):
-    """Run into a NaN-poisoned output and compare with the float64 reference."""
+def window_key_range(lens, b, sq, s_max, window):
+    """Per sequence, the keys ``[lo, hi)`` the kernel may read: from row 0's first window key
+    ``L - Sq - left`` (0 without a left bound) to ``L``, with ``L`` the length clamped to ``[0, s_max]``."""
+    ranges = []
+    for n in (lens.tolist() if lens is not None else [s_max] * b):
+        n = min(max(n, 0), s_max)
+        left = window[0] if window is not None and window[0] >= 0 else None
+        ranges.append((0 if left is None else max(0, n - sq - left), n))
+    return ranges
+
+
+def poison_outside_window(k, v, lens, sq, window):
+    """NaN in every cache slot outside each sequence's readable range (:func:`window_key_range`): before
+    row 0's window start and past the length. Any read of them shows in the output."""
+    k, v = k.clone(), v.clone()
+    for b, (lo, hi) in enumerate(window_key_range(lens, k.shape[0], sq, k.shape[2], window)):
+        for t in (k, v):
+            t[b, :, :lo] = float("nan")
+            t[b, :, hi:] = float("nan")
+    return k, v
+
+
+def check(q, k, v, lens, causal, config, k_ref=None, v_ref=None, window=None):
+    """Run into a NaN-poisoned output and compare with the float64 reference (computed on ``k_ref``,
+    ``v_ref`` when the kernel's inputs are poisoned)."""
     out = torch.full(q.shape[:3] + (v.shape[3],), float("nan"), device=q.device, dtype=q.dtype)
-    res = decode_attention(q, k, v, kv_lens=lens, causal=causal, config=config, out=out)
+    res = decode_attention(q, k, v, kv_lens=lens, causal=causal, window=window, config=config, out=out)
     assert res.data_ptr() == out.data_ptr()
     ref = reference_attention(q, k if k_ref is None else k_ref, v if v_ref is None else v_ref,
-                              problem_of(q, k, causal, lens is not None), lens)
+                              problem_of(q, k, causal, lens is not None, window), lens)
     assert_close(out, ref, dtype_name(q.dtype))
+    empty = (ref == 0).all(-1)  # rows without admissible keys: the reference gives exact zeros
+    assert (out[empty] == 0).all(), "rows without keys must be exactly zero"
     return out
 
 
@@ -80,6 +107,10 @@ def test_mask_with_kv_lens_aligns_each_sequence_to_its_own_length():
     p3 = p.model_copy(update={"window": (1, 0)})
     m3 = build_mask(p3, "cpu", torch.tensor([4, 2]))[:, 0]
     assert m3[0, 2].tolist() == [0, 0, 1, 1, 0, 0] and m3[1, 2].tolist() == [1, 1, 0, 0, 0, 0]
+    # Lengths are clamped to [0, Skv] before anything else: the diagonal of a length past the cache is
+    # that of a full cache, a negative length is 0.
+    assert torch.equal(build_mask(p3, "cpu", torch.tensor([9, -4])),
+                       build_mask(p3, "cpu", torch.tensor([6, 0])))
 
 
 # ---- correctness vs reference -----------------------------------------------------------------------
@@ -152,12 +183,27 @@ def test_rows_without_keys_are_zero():
     assert (out[2, :, :1] == 0).all() and (out[2, :, 1:] != 0).any()
     empty = torch.zeros(3, dtype=torch.int32, device=DEV)
     assert (decode_attention(q, k, v, kv_lens=empty) == 0).all()
+    # A window's right reach empties the same rows; a left reach never empties a row (row i's window
+    # starts at or before its diagonal key, which is < L_b).
+    out_w = check(q, k, v, lens, False, {"BLOCK_N": 16, "num_splits": 2}, window=(1, 0))
+    assert torch.equal(out_w == 0, out == 0)
 
 
-def test_lengths_beyond_cache_are_clamped_for_reads():
+def test_lengths_beyond_cache_are_clamped_for_reads_and_diagonal():
     q, k, v = rand_qkv(2, 2, 1, 2, 16, 64, dtype=torch.float32, device=DEV, seed=4)
     lens = torch.tensor([40, -3], dtype=torch.int32, device=DEV)
-    check(q, k, v, lens, True, {"BLOCK_N": 16, "num_splits": 2})
+    cfg = {"BLOCK_N": 16, "num_splits": 2}
+    out = check(q, k, v, lens, True, cfg)
+    # The clamped length places the diagonal too: 40 on a 16-key cache is exactly a full cache (row 0 of
+    # Sq = 2 does not see key 15), -3 is an empty sequence.
+    clamped = torch.tensor([16, 0], dtype=torch.int32, device=DEV)
+    assert torch.equal(out, decode_attention(q, k, v, kv_lens=clamped, causal=True, config=cfg))
+    assert not torch.equal(out[0, :, 0], decode_attention(q, k, v, kv_lens=clamped, config=cfg)[0, :, 0])
+    assert (out[1] == 0).all()
+    # ... and the window's diagonal, with keys before the window poisoned.
+    kp, vp = poison_outside_window(k, v, lens, 2, (3, 0))
+    out_w = check(q, kp, vp, lens, False, cfg, k, v, window=(3, 0))
+    assert torch.equal(out_w, decode_attention(q, kp, vp, kv_lens=clamped, window=(3, 0), config=cfg))
 
 
 def test_scale_argument():
@@ -187,6 +233,9 @@ def test_argument_errors():
         decode_attention(q, k, v, config={"BLOCK_M": 16})
     with pytest.raises(ValueError, match="out"):
         decode_attention(q, k, v, out=torch.empty(2, 4, 1, 32, device=DEV))
+    for bad in ((-2, 0), (0, -5), (1,), (1, 2, 3), (1.5, 0), (True, 0), "ab", 4):
+        with pytest.raises(ValueError, match="window"):
+            decode_attention(q, k, v, window=bad)
 
 
 def test_auto_split_heuristic_doctests():
@@ -203,6 +252,86 @@ def test_auto_split_heuristic_doctests():
     p = launch.plan_launch(1, 4, 2, 64, 2, 100, 64, 2, 132, 228 * 1024,
                            launch.DecodeConfig.from_dict({"BLOCK_N": 32, "num_splits": 64, "num_stages": 1}))
     assert (p.splits, p.num_stages, p.grid) == (4, 1, (2, 4, 1))
+    assert (p.has_left, p.has_right) == (False, False)
+
+
+def test_plan_follows_the_window():
+    plan = functools.partial(launch.plan_launch, 1, 32, 1, 128, 8, 32768, 128, 2, 132, 228 * 1024,
+                             launch.DecodeConfig())
+    # A 1024-key window over a 32k cache: the splits divide the window (8 of 128 keys), not the cache.
+    assert plan().splits == 32
+    p = plan(True, (1023, 0))
+    assert (p.splits, p.has_left, p.has_right, p.win_left) == (8, True, False, 1023)  # Sq=1: causal is free
+    assert plan(False, (1023, -1)) == p
+    # Sides that exclude no key are dropped; causal is a right reach of 0 once Sq > 1.
+    assert plan(True) == plan() == plan(False, (32767, 5))
+    plan4 = functools.partial(launch.plan_launch, 1, 32, 4, 128, 8, 32768, 128, 2, 132, 228 * 1024)
+    p = plan4(launch.DecodeConfig(), True, (100, 7))
+    assert (p.has_left, p.has_right, p.win_left, p.win_right) == (True, True, 100, 0)
+    # Explicit splits beyond the window's tiles are cut to them: (100 + 4) keys = 2 tiles of 64.
+    assert plan4(launch.DecodeConfig(num_splits=16), True, (100, 7)).splits == 2
+
+
+# ---- sliding window ------------------------------------------------------------------------------------
+WINDOWS = [(0, 0), (3, 0), (7, 2), (5, -1), (-1, 3), (40, 0)]
+GROUPS = [(4, 1), (4, 2), (4, 4)]
+WINDOW_CONFIGS = [{"BLOCK_N": 16, "num_splits": 1}, {"BLOCK_N": 16, "num_splits": 3},
+                  {"BLOCK_N": 32, "num_splits": 3}, {"BLOCK_N": 32, "num_splits": 0},
+                  {"BLOCK_N": 16, "num_splits": "auto"}]
+
+
+def window_cases():
+    """Every window x causal x Sq (1, 3, 5) once. dtype, GQA group, kv_lens and config rotate so that
+    every window meets both dtypes, all three groups, all five configs, and kv_lens on and off with and
+    without causal and at every Sq (the full product is too slow for the interpreter)."""
+    cases = []
+    for (w, window), (c, causal), (t, sq) in itertools.product(enumerate(WINDOWS), enumerate((False, True)),
+                                                             enumerate((1, 3, 5))):
+        dtype = (torch.float16, torch.float32)[(w + t) % 2]
+        hq, hkv = GROUPS[(w + c + t) % 3]
+        with_lens = (c + t) % 2 == 0
+        cfg = WINDOW_CONFIGS[(w + 2 * c + t) % len(WINDOW_CONFIGS)]
+        cases.append(pytest.param(window, causal, sq, dtype, hq, hkv, with_lens, cfg,
+                                  id=f"w{window[0]},{window[1]}-{'causal-' if causal else ''}sq{sq}-"
+                                     f"{dtype_name(dtype)}-{hq}/{hkv}-{'lens' if with_lens else 'nolens'}-"
+                                     f"bn{cfg['BLOCK_N']}s{cfg['num_splits']}"))
+    return cases
+
+
+@pytest.mark.parametrize("window, causal, sq, dtype, hq, hkv, with_lens, cfg", window_cases())
+def test_window_matches_reference(window, causal, sq, dtype, hq, hkv, with_lens, cfg):
+    b, s_max = 4, 70  # 70: five 16-key tiles, the last one partial; (40, 0) leaves keys before the window
+    q, k, v = rand_qkv(b, hq, hkv, sq, s_max, 64, dtype=dtype, device=DEV, seed=sq + hkv)
+    lens = lens_with_edges(b, s_max, seed=sq).to(DEV) if with_lens else None  # L = 70, 1, 0 and random
+    kp, vp = poison_outside_window(k, v, lens, sq, window)
+    check(q, kp, vp, lens, causal, cfg, k, v, window=window)
+
+
+def test_window_more_splits_than_window_tiles():
+    # A 40-key window with Sq = 3 spans 43 keys, 3 tiles of 16: 64 splits are cut to 3, and the short
+    # sequences (20 and 5 keys: 2 and 1 tiles) leave splits empty. Any split count gives the same result.
+    q, k, v = rand_qkv(3, 4, 2, 3, 300, 64, dtype=torch.float32, device=DEV, seed=12)
+    lens = torch.tensor([300, 20, 5], dtype=torch.int32, device=DEV)
+    kp, vp = poison_outside_window(k, v, lens, 3, (40, 0))
+    outs = [check(q, kp, vp, lens, True, cfg, k, v, window=(40, 0))
+            for cfg in ({"BLOCK_N": 16, "num_splits": 64}, {"BLOCK_N": 16, "num_splits": 1},
+                        {"BLOCK_N": 32, "num_splits": 7}, {"BLOCK_N": 16, "num_splits": 0})]
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], atol=2e-6, rtol=2e-6)
+
+
+def test_window_equivalent_masks_are_bitwise_equal():
+    # Masks that admit the same keys run the same compiled kernel on the same key range.
+    q, k, v = rand_qkv(2, 4, 2, 3, 50, 64, dtype=torch.float32, device=DEV, seed=13)
+    lens = torch.tensor([50, 17], dtype=torch.int32, device=DEV)
+    cfg = {"BLOCK_N": 16, "num_splits": 2}
+
+    def run(q, **kw):
+        return decode_attention(q, k, v, kv_lens=lens, config=cfg, **kw)
+
+    assert torch.equal(run(q, causal=True, window=(4, 2)), run(q, window=(4, 0)))  # causal ∩ window
+    assert torch.equal(run(q, window=(49, 2)), run(q))  # sides that exclude no key: no window
+    assert torch.equal(run(q[:, :, :1], causal=True), run(q[:, :, :1]))  # one row: causal is free
 
 
 # ---- the registered variant ----------------------------------------------------------------------------
@@ -223,15 +352,22 @@ def test_variant_registered_and_supports_reasons():
         "forward only": dict(mode="fwd_bwd"),
         "head_dim 512": dict(head_dim=512, head_dim_v=512),
         "head_dim_v 64": dict(head_dim_v=64),
-        "window": dict(window=(128, 0)),
         "top-left": dict(seqlen_q=4, causal=True, causal_align="top_left"),
+        "top-left alignment": dict(seqlen_q=4, window=(8, 0), causal_align="top_left"),  # windows too
         "float64": dict(dtype="float64"),
     }
     for needle, kw in cases.items():
         reasons = var.supports(_problem(**kw))
         assert any(needle in r for r in reasons), (needle, reasons)
-    # top-left causal is the same mask when Sq == Skv and there are no kv_lens
+    # top-left causal (or window) is the same mask when Sq == Skv and there are no kv_lens
     assert var.supports(_problem(seqlen_q=8, seqlen_kv=8, causal=True, causal_align="top_left")) == []
+    assert var.supports(_problem(seqlen_q=8, seqlen_kv=8, window=(3, 1), causal_align="top_left")) == []
+    assert var.supports(_problem(seqlen_q=8, seqlen_kv=8, window=(3, 1), causal_align="top_left",
+                                 kv_lens=True))
+    # sliding windows (bottom-right), alone or with causal and kv_lens
+    for window in ((128, 0), (1023, -1), (-1, 4), (0, 0)):
+        assert var.supports(_problem(window=window)) == []
+        assert var.supports(_problem(seqlen_q=4, window=window, causal=True, kv_lens=True)) == []
 
 
 def test_variant_cpu_needs_interpreter(monkeypatch):
@@ -261,10 +397,10 @@ def test_variant_run_matches_reference():
     var = registry.get("triton_decode")
     q, k, v = rand_qkv(2, 4, 2, 2, 50, 64, dtype=torch.float16, device=DEV, seed=9)
     lens = torch.tensor([50, 9], dtype=torch.int32, device=DEV)
-    p = problem_of(q, k, True, True)
-    assert registry.reasons(var, p) == []
-    out = var.run(q, k, v, p, var.space(p).first(), lens)
-    assert_close(out, reference_attention(q, k, v, p, lens), "float16")
+    for p in (problem_of(q, k, True, True), problem_of(q, k, True, True, (6, -1))):
+        assert registry.reasons(var, p) == []
+        out = var.run(q, k, v, p, var.space(p).first(), lens)
+        assert_close(out, reference_attention(q, k, v, p, lens), "float16")
 
 
 # ---- GPU grid ------------------------------------------------------------------------------------------
@@ -294,6 +430,41 @@ def test_gpu_head_dims_and_groups(d, hq, hkv, sq):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("sq, causal, window", [(1, True, (1023, 0)), (4, True, (1023, 0)),
+                                                (4, False, (1023, -1)), (3, False, (255, 8)),
+                                                (4, False, (-1, 1))])
+def test_gpu_window_serving(dtype, d, sq, causal, window):
+    # Serving sizes: 4k cache, kv_lens from full to empty; every key outside the window range is NaN.
+    q, k, v = rand_qkv(2, 32, 8, sq, 4096, d, dtype=dtype, device="cuda", seed=d + sq)
+    lens = torch.tensor([4096, 1500], dtype=torch.int32, device="cuda")
+    kp, vp = poison_outside_window(k, v, lens, sq, window)
+    outs = [check(q, kp, vp, lens, causal, cfg, k, v, window=window)
+            for cfg in (None, {"BLOCK_N": 64, "num_splits": 1, "num_stages": 3},
+                        {"BLOCK_N": 32, "num_splits": 16, "num_stages": 2},
+                        {"BLOCK_N": 128, "num_splits": 64, "num_warps": 8, "num_stages": 2})]
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], atol=2e-2 if dtype == torch.bfloat16 else 4e-3, rtol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_window_over_long_cache_reads_only_the_window():
+    # 32k cache, 1024-key window: everything before the window is NaN, lengths 32k, 1, 0 and 20000.
+    q, k, v = rand_qkv(4, 32, 8, 1, 32768, 128, dtype=torch.bfloat16, device="cuda", seed=3)
+    lens = torch.tensor([32768, 1, 0, 20000], dtype=torch.int32, device="cuda")
+    kp, vp = poison_outside_window(k, v, lens, 1, (1023, 0))
+    del k, v
+    out = decode_attention(q, kp, vp, kv_lens=lens, causal=True, window=(1023, 0))
+    assert torch.isfinite(out).all()
+    k_win = torch.nan_to_num(kp, nan=0.0)  # the reference sees the same window; the rest is masked
+    v_win = torch.nan_to_num(vp, nan=0.0)
+    ref = reference_attention(q, k_win, v_win, problem_of(q, kp, True, True, (1023, 0)), lens,
+                              dtype=torch.float32)
+    assert_close(out, ref, "bfloat16")
+
+
+@pytest.mark.gpu
 def test_gpu_fp32_exact_and_graph_capture():
     q, k, v = rand_qkv(2, 32, 8, 1, 8192, 128, dtype=torch.float32, device="cuda", seed=1)
     lens = torch.tensor([8192, 5000], dtype=torch.int32, device="cuda")
@@ -310,3 +481,76 @@ def test_gpu_fp32_exact_and_graph_capture():
     torch.cuda.synchronize()
     ref = reference_attention(qh, kh, vh, problem_of(qh, kh, False, True), lens)
     assert_close(static_out, ref, "float16")
+
+
+# ---- the direct launch path (cached CompiledKernel, specialization keys, reused workspace) -------------
+@pytest.mark.gpu
+def test_gpu_direct_launches_keep_specializations_apart():
+    """Same shapes, different things Triton specializes on — dtype, int32/int64 lengths, strides of other
+    classes, misaligned pointers — one after the other: a key that conflated any two would launch the
+    other's kernel on the second call and give wrong results (or fault)."""
+    b, hq, hkv, s, d = 3, 8, 2, 300, 64
+    lens = torch.tensor([300, 17, 0], dtype=torch.int32, device="cuda")
+    for rep in range(2):  # the second round runs every case through the direct path
+        for dtype in (torch.bfloat16, torch.float16):
+            q, k, v = rand_qkv(b, hq, hkv, 2, s, d, dtype=dtype, device="cuda", seed=rep)
+            check(q, k, v, lens, True, {"BLOCK_N": 32, "num_splits": 4})
+            check(q, k, v, lens.long(), True, {"BLOCK_N": 32, "num_splits": 4})
+            # [B, S, H, D] buffers sliced on S: strides of other classes than the contiguous case's
+            kb = torch.randn(b, s + 3, hkv, d, device="cuda", dtype=dtype)
+            vb = torch.randn(b, s + 3, hkv, d, device="cuda", dtype=dtype)
+            check(q, kb[:, 3:].transpose(1, 2), vb[:, 3:].transpose(1, 2), lens, True,
+                  {"BLOCK_N": 32, "num_splits": 4})
+            # a K view starting one element in: 2-byte aligned only
+            flat = torch.randn(b * hkv * s * d + 1, device="cuda", dtype=dtype)
+            k_odd = flat[1:].view(b, hkv, s, d)
+            check(q, k_odd, v, lens, True, {"BLOCK_N": 32, "num_splits": 1})
+
+
+@pytest.mark.gpu
+def test_gpu_reused_workspace_across_calls_and_streams():
+    """Back-to-back calls with different split counts on one stream, and on a second stream, all
+    correct: the per-stream partials buffer is reused in stream order."""
+    q, k, v = rand_qkv(4, 32, 8, 1, 4096, 128, dtype=torch.bfloat16, device="cuda", seed=7)
+    lens = torch.tensor([4096, 3000, 77, 1], dtype=torch.int32, device="cuda")
+    ref = reference_attention(q, k, v, problem_of(q, k, False, True), lens, dtype=torch.float32)
+    outs = [decode_attention(q, k, v, kv_lens=lens, config={"BLOCK_N": 64, "num_splits": n}) for n in (2, 16, 64)]
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        outs.append(decode_attention(q, k, v, kv_lens=lens, config={"BLOCK_N": 64, "num_splits": 8}))
+    torch.cuda.synchronize()
+    for out in outs:
+        assert_close(out, ref, "bfloat16")
+
+
+@pytest.mark.gpu
+def test_gpu_dispatched_decode_step_captured_in_a_graph():
+    """A decode step through attntune.attention (the runtime's plan, direct launches) captured once and
+    replayed with new lengths, as a serving loop does; then eager calls at many new lengths."""
+    import attntune
+
+    attntune.reset()
+    q, k, v = rand_qkv(2, 32, 8, 1, 2048, 64, dtype=torch.bfloat16, device="cuda", seed=9)
+    lens = torch.tensor([2048, 1000], dtype=torch.int32, device="cuda")
+    assert attntune.explain(q, k, v, kv_lens=lens).variant == "triton_decode"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            attntune.attention(q, k, v, kv_lens=lens)  # warm-up: plan resolved, kernels compiled
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attntune.attention(q, k, v, kv_lens=lens)
+    for new in ([5, 2048], [1500, 1501]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference_attention(q, k, v, problem_of(q, k, False, True), lens, dtype=torch.float32)
+        assert_close(out, ref, "bfloat16")
+    for n in range(1000, 1040):  # eager, a never-seen KV length every call, causal (canonical: no mask)
+        out = attntune.attention(q, k[:, :, :n], v[:, :, :n], causal=True)
+        ref = reference_attention(q, k[:, :, :n], v[:, :, :n], problem_of(q, k[:, :, :n], False, False),
+                                  dtype=torch.float32)
+        assert_close(out, ref, "bfloat16")
+    attntune.reset()

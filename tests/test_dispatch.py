@@ -298,24 +298,99 @@ def test_cached_row_unusable_for_the_actual_problem_is_skipped():
     assert any("not in ATTNTUNE_VARIANTS" in r for r in plan.reasons)
 
 
-def test_misses_recorded_and_flushed_not_per_call():
+class _Queries:
+    """Counts SQL statements sent by any SQLAlchemy engine of this process while active."""
+
+    def __init__(self):
+        self.n = 0
+
+    def _count(self, *_args, **_kw):
+        self.n += 1
+
+    def __enter__(self):
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+
+        event.listen(Engine, "before_cursor_execute", self._count)
+        return self
+
+    def __exit__(self, *exc):
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+
+        event.remove(Engine, "before_cursor_execute", self._count)
+
+
+def test_misses_recorded_off_the_call_path(monkeypatch):
+    monkeypatch.setattr(runtime, "MISS_FLUSH_SECONDS", 3600.0)  # this test flushes explicitly
     q, k, v = rand_qkv(1, 2, 2, 20, 20, 16)
     q2, k2, v2 = rand_qkv(1, 2, 2, 18, 18, 16)  # another shape of the same bucket (24)
-    for _ in range(5):
-        attntune.attention(q, k, v, causal=True)
+    attntune.attention(q, k, v, causal=True)  # loads the cache index (the only database reads)
+    with _Queries() as sql:
+        for _ in range(4):
+            attntune.attention(q, k, v, causal=True)
+        for _ in range(2):
+            attntune.attention(q2, k2, v2, causal=True)
+        # a decode loop: a never-seen KV length every call, all in one bucket
+        qd = torch.randn(1, 2, 1, 16)
+        kd = torch.randn(1, 2, 3000, 16)
+        for n in range(2100, 2140):
+            out = attntune.attention(qd, kd[:, :, :n], kd[:, :, :n], causal=True)
+            torch.testing.assert_close(out, TORCH_SDPA(qd, kd[:, :, :n], kd[:, :, :n]), atol=3e-5, rtol=1e-5)
+    assert sql.n == 0, "a call touched the database"
     st = _user_store()
-    misses = st.misses()
-    assert len(misses) == 1 and misses[0]["count"] == 1  # written when the plan was resolved
-    for _ in range(2):
-        attntune.attention(q2, k2, v2, causal=True)
-    assert st.misses()[0]["count"] == 1  # the bucket's decision was reused: no look-up, no write
+    assert st.misses() == []  # nothing written while calls ran
     assert attntune.explain(q2, k2, v2, causal=True).source == "heuristic"
-    attntune.reset()  # ... and the remaining calls at reset()/exit, once
-    misses = st.misses()
-    assert len(misses) == 1 and misses[0]["count"] == 7
-    key = TuneKey.model_validate_json(misses[0]["key_json"])
+    decode = [p for p in attntune.stats()["plans"] if p["problem"].startswith("B1 H2/2 S1x")]
+    assert len(decode) == 40 and all(p["problem"].endswith("D16 float32 fwd") for p in decode)  # no causal:
+    # one row bottom-right sees every key (canonical problem)
+    attntune.reset()  # ... the misses are written at reset()/exit (and by the background flusher)
+    misses = {json.loads(m["key_json"])["seqlen_kv"]: m for m in st.misses()}
+    assert misses[24]["count"] == 7
+    key = TuneKey.model_validate_json(misses[24]["key_json"])
     assert key.seqlen_q == 24 and key.causal  # 18 and 20 lie in the bucket of 24
+    assert misses[3072]["count"] == 40 and not json.loads(misses[3072]["key_json"])["causal"]
     st.dispose()
+
+
+def test_misses_written_by_the_background_flusher(monkeypatch):
+    import time
+
+    monkeypatch.setattr(runtime, "MISS_FLUSH_SECONDS", 0.05)
+    q, k, v = rand_qkv(1, 2, 2, 20, 20, 16)
+    attntune.attention(q, k, v, causal=True)
+    st = _user_store()
+    deadline = time.monotonic() + 30  # an event on another thread: wait for it, generously
+    while not st.misses() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [m["count"] for m in st.misses()] == [1]
+    st.dispose()
+
+
+def test_new_shape_of_a_planned_family_reuses_its_plan():
+    q, kbuf, vbuf = rand_qkv(2, 4, 2, 1, 400, 16)
+    attntune.attention(q, kbuf[:, :, :300], vbuf[:, :, :300], causal=True)
+    fam_plan = next(iter(runtime.FAMILIES.values())).plan
+    calls = []
+    orig = runtime.Runtime.resolve
+
+    def spy(self, *a, **kw):
+        calls.append(a)
+        return orig(self, *a, **kw)
+
+    runtime.Runtime.resolve = spy
+    try:
+        for n in (301, 333, 384):  # the bucket of 300 is 384: these reuse its plan
+            out = attntune.attention(q, kbuf[:, :, :n], vbuf[:, :, :n], causal=True)
+            ref = TORCH_SDPA(q, kbuf[:, :, :n].repeat_interleave(2, 1), vbuf[:, :, :n].repeat_interleave(2, 1))
+            torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-5)
+        attntune.attention(q, kbuf[:, :, :250], vbuf[:, :, :250], causal=True)  # bucket 256: resolved
+    finally:
+        runtime.Runtime.resolve = orig
+    assert len(calls) == 1
+    slots = [sl for sl in runtime.SLOTS.values() if sl.plan is fam_plan]
+    assert sorted(sl.problem.seqlen_kv for sl in slots) == [300, 301, 333, 384]
+    assert all(not sl.problem.causal for sl in slots)  # one decode row: canonically unmasked
 
 
 def test_slot_overflow_keeps_working(monkeypatch):

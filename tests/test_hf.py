@@ -64,7 +64,8 @@ def test_logits_equal_sdpa_and_eager(kind):
     torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
     plans = attntune.stats()["plans"]
     assert plans, "the attntune backend was not called"
-    want = f"B2 H4/2 S{SEQ}x{SEQ} D16 float32 causal" + (f" win({WINDOW - 1}, 0)" if kind == "mistral" else "")
+    # canonical problems: causal ∩ window is the one window (W - 1, 0)
+    want = f"B2 H4/2 S{SEQ}x{SEQ} D16 float32 " + (f"win({WINDOW - 1}, 0)" if kind == "mistral" else "causal")
     assert plans[0]["problem"].startswith(want)
     assert plans[0]["calls"] == 2  # one per layer, no mask materialised
 
@@ -115,7 +116,83 @@ def test_generate_with_kv_cache(kind):
     # Decode steps were served by attntune (one query row over the cache), not materialised masks.
     assert any(p.startswith("B2 H4/2 S1x") for p in problems), problems
     if kind == "mistral":
-        assert all(f"win({WINDOW - 1}, 0)" in p for p in problems)
+        # prefill: the window; decode: HF's sliding cache keeps the last W keys, which the window covers,
+        # so the canonical decode problem has no mask at all
+        assert f"B2 H4/2 S9x9 D16 float32 win({WINDOW - 1}, 0) fwd" in problems
+        assert f"B2 H4/2 S1x{WINDOW} D16 float32 fwd" in problems
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_generate_with_static_cache_uses_kv_lens(kind):
+    """A static cache: HF's SDPA path gets a materialised mask over the whole buffer; attntune gets the
+    valid lengths (no mask) and must generate exactly the same tokens with the same logits."""
+    ours, sdpa = _models(kind, ["attntune", "sdpa"])
+    ids = _ids(batch=2, seq=9)
+    kw = dict(max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids), cache_implementation="static",
+              disable_compile=True, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        a = ours.generate(ids, **kw)
+        s = sdpa.generate(ids, **kw)
+    assert torch.equal(a.sequences, s.sequences)
+    for la, ls in zip(a.logits, s.logits):
+        torch.testing.assert_close(la, ls, atol=1e-5, rtol=1e-5)
+    problems = [p["problem"] for p in attntune.stats()["plans"]]
+    decode = [p for p in problems if " S1x" in p]
+    if kind == "llama":  # a buffer longer than the tokens: the valid lengths travel as kv_lens (the
+        # last step fills the buffer: then nothing is masked at all)
+        assert any(p.endswith("kv_lens fwd") for p in decode), problems
+        assert len([p for p in decode if not p.endswith("kv_lens fwd")]) <= 1, problems
+    else:  # HF's static sliding layer holds exactly the last W keys: nothing to mask
+        assert decode == [f"B2 H4/2 S1x{WINDOW} D16 float32 fwd"], problems
+
+
+def test_static_cache_with_padding_keeps_hf_masks():
+    ours, sdpa = _models("llama", ["attntune", "sdpa"])
+    ids = _ids(batch=2, seq=9)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    kw = dict(max_new_tokens=6, do_sample=False, attention_mask=mask, cache_implementation="static",
+              disable_compile=True)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **kw), sdpa.generate(ids, **kw))
+    assert attntune.stats()["plans"] == []  # every call went to HF's SDPA path with its mask
+
+
+def test_mask_pattern_recognises_only_plain_causal_patterns():
+    from transformers import masking_utils as mu
+
+    assert attntune.hf.mask_pattern(mu.causal_mask_function) == ("causal", None)
+    assert attntune.hf.mask_pattern(mu.sliding_window_causal_mask_function(7)) == ("sliding", 7)
+    others = [mu.chunked_causal_mask_function(4, torch.zeros(2, dtype=torch.long)),
+              mu.bidirectional_mask_function,
+              mu.and_masks(mu.causal_mask_function, mu.sliding_window_overlay(3)),  # other order: not claimed
+              mu.or_masks(mu.causal_mask_function, mu.bidirectional_mask_function),
+              mu.and_masks(mu.sliding_window_overlay(3), mu.causal_mask_function, mu.bidirectional_mask_function),
+              lambda b, h, q, kv: kv <= q]
+    assert [attntune.hf.mask_pattern(f) for f in others] == [None] * len(others)
+
+
+def test_mask_function_gives_kv_lens_for_a_static_cache_decode():
+    from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
+
+    # a static buffer of 20 slots holding 11 tokens; the 12th is being decoded (q_offset 11 as a tensor)
+    common = dict(batch_size=3, q_length=1, kv_length=20, kv_offset=0, attention_mask=torch.ones(3, 12,
+                                                                                                 dtype=torch.bool))
+    for fn in (causal_mask_function, sliding_window_causal_mask_function(5)):
+        carrier = attntune.hf.attention_mask(q_offset=torch.tensor(11), mask_function=fn, **common)
+        assert carrier.dtype == torch.int32 and carrier.shape == (3, 1, 1, 1)
+        lens = attntune.hf._lens_of(carrier)
+        assert lens.tolist() == [12, 12, 12] and lens.is_contiguous()
+        ref = sdpa_mask(q_offset=torch.tensor(11), mask_function=fn, allow_is_causal_skip=False, **common)
+        window = (4, 0) if fn is not causal_mask_function else None
+        assert torch.equal(attntune.hf._mask_from_lens(lens, 1, 20, window), ref)
+    # padding: exactly transformers' mask
+    pad = torch.ones(3, 12, dtype=torch.bool)
+    pad[1, 0] = False
+    ours = attntune.hf.attention_mask(q_offset=torch.tensor(11), mask_function=causal_mask_function,
+                                      **{**common, "attention_mask": pad})
+    ref = sdpa_mask(q_offset=torch.tensor(11), mask_function=causal_mask_function, **{**common, "attention_mask": pad})
+    assert ours.dim() == 4 and torch.equal(ours, ref)
 
 
 def test_dropout_in_training_goes_to_sdpa():
@@ -136,11 +213,16 @@ def test_mask_function_skips_only_aligned_unpadded_sliding_masks():
     # prefill without padding, decode at the end of the keys: expressible, not materialised
     assert attntune.hf.attention_mask(q_length=10, kv_length=10, **common) is None
     assert attntune.hf.attention_mask(q_length=1, kv_length=6, q_offset=9, kv_offset=4, **common) is None
-    # padding, chunked prefill (1 < Sq < Skv), or no skip allowed: exactly transformers' mask
+    # a few rows at the end of the keys (speculative decoding): described by kv_lens, exactly
+    carrier = attntune.hf.attention_mask(q_length=3, kv_length=8, q_offset=5, **common)
+    lens = attntune.hf._lens_of(carrier)
+    assert lens.tolist() == [8, 8]
+    ref = sdpa_mask(q_length=3, kv_length=8, q_offset=5, allow_is_causal_skip=False, **common)
+    assert torch.equal(attntune.hf._mask_from_lens(lens, 3, 8, (WINDOW - 1, 0)).expand_as(ref), ref)
+    # padding, or a long chunk in the middle of the keys: exactly transformers' mask
     pad = torch.ones(2, 10, dtype=torch.bool)
     pad[0, 0] = False
-    for kw in (dict(q_length=10, kv_length=10, attention_mask=pad), dict(q_length=3, kv_length=8, q_offset=5),
-               dict(q_length=10, kv_length=10, allow_is_causal_skip=False)):
+    for kw in (dict(q_length=10, kv_length=10, attention_mask=pad), dict(q_length=20, kv_length=40, q_offset=5)):
         ours = attntune.hf.attention_mask(**common, **kw)
         ref = sdpa_mask(**common, **kw)
         assert ours is not None and torch.equal(ours, ref)

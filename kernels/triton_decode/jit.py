@@ -16,10 +16,24 @@ Two kernels:
 Log-sum-exps are kept in base 2 (scores are multiplied by ``scale * log2(e)`` and exponentiated with
 ``exp2``, which is one MUFU instruction); they never leave the op.
 
-Row ``r`` of a (b, hkv) block is query head ``hkv*GROUP + r // SQ`` at query position ``r % SQ``.
-Key ``j`` is admissible for row ``r`` iff ``j < min(L_b, S_MAX)`` and, when causal,
-``j <= L_b - SQ + r % SQ``, with ``L_b = kv_lens[b]`` (or ``S_MAX`` without ``kv_lens``): the queries
-are the last ``SQ`` positions of sequence ``b``. A row without admissible keys yields zeros.
+Row ``r`` of a (b, hkv) block is query head ``hkv*GROUP + r // SQ`` at query position ``i = r % SQ``.
+With ``L_b = clamp(kv_lens[b], 0, S_MAX)`` (``S_MAX`` without ``kv_lens``) the queries are the last ``SQ``
+positions of sequence ``b`` (bottom-right alignment per sequence), so row ``r`` sits on the diagonal key
+``diag = L_b - SQ + i``, and key ``j`` is admissible for it iff
+
+* ``j < L_b``,
+* ``j >= diag - WIN_LEFT`` when ``HAS_LEFT``, and
+* ``j <= diag + WIN_RIGHT`` when ``HAS_RIGHT``.
+
+The host folds causal into the right bound (causal is ``WIN_RIGHT = 0``; causal ∩ window ``(l, r)`` is
+``(l, min(r, 0))``) and drops a side that admits every key, so the kernel only knows left/right bounds,
+and without them it compiles to the plain ``j < L_b`` kernel. ``WIN_RIGHT >= 0`` (no bound the public op
+can express trims the key range on the right). A row without admissible keys yields zeros.
+
+Every key a program may need lies in ``[lo, hi)`` with ``lo = max(0, L_b - SQ - WIN_LEFT)`` (row 0's first
+key; 0 without a left bound) and ``hi = L_b`` (row ``SQ-1``'s last key ``L_b - 1 + WIN_RIGHT`` is never
+before ``L_b - 1``). The splits divide ``[lo, hi)``, not ``[0, L_b)``: a 1024-key window over a 32k cache
+reads about 1024 keys, in balanced splits. Keys outside ``[lo, hi)`` are never read.
 """
 
 from __future__ import annotations
@@ -30,8 +44,10 @@ import triton.language as tl
 
 # Shape integers that vary per call are not specialised (Triton would otherwise compile one variant per
 # "== 1" / "% 16 == 0" class of each); strides and head dims stay specialised: unit and 16-aligned strides
-# are what lets the loads vectorise.
-@triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "S_MAX", "NUM_SPLITS", "LSE_OFF"])
+# are what lets the loads vectorise. The window reach is such an integer too: one compiled kernel serves
+# every window width.
+@triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "S_MAX", "NUM_SPLITS", "LSE_OFF", "WIN_LEFT",
+                               "WIN_RIGHT"])
 def decode_split_kernel(
     Q, K, V, KV_LENS, WS, OUT,
     stride_qb, stride_qh, stride_qs, stride_qd,
@@ -40,8 +56,10 @@ def decode_split_kernel(
     stride_ob, stride_oh, stride_os, stride_od,
     HKV, GROUP, SQ, S_MAX, D, DV, NUM_SPLITS,
     LSE_OFF,  # LSE partials start this many floats into WS (after the O partials)
+    WIN_LEFT, WIN_RIGHT,  # window reach in keys left/right of each row's diagonal key (read when bounded)
     qk_scale,  # softmax scale * log2(e)
-    HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_LENS: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,  # window side bounded (causal is HAS_RIGHT, WIN_RIGHT 0)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr,  # D == BLOCK_D and DV == BLOCK_DV: no head-dim masks (unmasked vector loads)
     DOT_PRECISION: tl.constexpr,
@@ -55,17 +73,24 @@ def decode_split_kernel(
     b64 = b.to(tl.int64)
     hkv64 = hkv.to(tl.int64)
 
+    # L_b, clamped once: the same value bounds the keys read and places the diagonal, so a length past the
+    # cache means "the cache is full", never a diagonal beyond the last key.
     if HAS_LENS:
-        seq_len = tl.load(KV_LENS + b).to(tl.int32)
+        n_keys = tl.minimum(tl.maximum(tl.load(KV_LENS + b).to(tl.int32), 0), S_MAX)
     else:
-        seq_len = S_MAX
-    n_keys = tl.minimum(tl.maximum(seq_len, 0), S_MAX)
+        n_keys = S_MAX
 
-    # This split's key range [lo, hi): equal chunks of the *sequence's own* length, rounded up to whole
-    # tiles, so the splits of a short sequence stay balanced and tiles start aligned.
-    per_split = tl.cdiv(n_keys, NUM_SPLITS)
+    # Keys any row of this sequence may attend: [key_lo, n_keys). Row 0's window starts first; the right
+    # side never trims the range (WIN_RIGHT >= 0, see the module docstring).
+    if HAS_LEFT:
+        key_lo = tl.maximum(n_keys - SQ - WIN_LEFT, 0)
+    else:
+        key_lo = 0
+    # This split's key range [lo, hi): equal chunks of the *sequence's own* range, rounded up to whole
+    # tiles, so the splits of a short sequence (or a narrow window) stay balanced.
+    per_split = tl.cdiv(n_keys - key_lo, NUM_SPLITS)
     chunk = tl.cdiv(per_split, BLOCK_N) * BLOCK_N
-    lo = pid_s * chunk
+    lo = key_lo + pid_s * chunk
     hi = tl.minimum(lo + chunk, n_keys)
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -90,8 +115,12 @@ def decode_split_kernel(
 
     k_base = K + b64 * stride_kb + hkv64 * stride_kh
     v_base = V + b64 * stride_vb + hkv64 * stride_vh
-    # Last admissible key of each row under the causal mask (bottom-right, per sequence).
-    causal_last = seq_len - SQ + qpos
+    # Each row's diagonal key (bottom-right, per sequence) and its window's first/last admissible key.
+    diag = n_keys - SQ + qpos
+    if HAS_LEFT:
+        first_key = diag - WIN_LEFT
+    if HAS_RIGHT:
+        last_key = diag + WIN_RIGHT
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -100,8 +129,8 @@ def decode_split_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
-        # K tile loaded transposed, [BLOCK_D, BLOCK_N]: keys past `hi` are never read (padding of the
-        # cache may hold anything, NaN included).
+        # K tile loaded transposed, [BLOCK_D, BLOCK_N]: keys outside [lo, hi) are never read (padding of
+        # the cache, and keys before the window, may hold anything, NaN included).
         k_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_ks + offs_d[:, None] * stride_kd
         if EVEN_D:
             k = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
@@ -115,12 +144,15 @@ def decode_split_kernel(
             v = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
         ok = n_ok[None, :]
-        if CAUSAL:
-            ok = ok & (offs_n[None, :] <= causal_last[:, None])
+        if HAS_LEFT:
+            ok = ok & (offs_n[None, :] >= first_key[:, None])
+        if HAS_RIGHT:
+            ok = ok & (offs_n[None, :] <= last_key[:, None])
         s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen no admissible key yet keeps m = -inf; subtract 0 instead so that
-        # exp2(-inf - -inf) never makes a NaN (its p and alpha are then exactly 0).
+        # A row that has seen no admissible key yet (its window may lie in another split, or be empty)
+        # keeps m = -inf; subtract 0 instead so that exp2(-inf - -inf) never makes a NaN (its p and alpha
+        # are then exactly 0).
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(s - m_ref[:, None])

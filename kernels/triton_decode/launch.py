@@ -2,19 +2,23 @@
 
 Everything here is host arithmetic on shapes; the device code is in :mod:`.jit`. Strides of every
 tensor go to the kernels explicitly, so any strided view (a slice of a paged-out cache, a transposed
-``[B, S, H, D]`` tensor) works without a copy.
+``[B, S, H, D]`` tensor) works without a copy. Causal and the sliding window reach the kernel as one
+pair of left/right bounds (:func:`mask_bounds`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import operator
+import threading
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
 from attntune.kernels.triton_decode.jit import decode_reduce_kernel, decode_split_kernel
+from attntune.kernels.triton_launch import FastKernel
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
@@ -108,17 +112,53 @@ def device_info(device: torch.device):
     return _device_info(idx)
 
 
+def mask_bounds(causal: bool, window: Optional[Tuple[int, int]], seqlen_q: int,
+                s_max: int) -> Tuple[Optional[int], Optional[int]]:
+    """The kernel's (left, right) reach around each row's diagonal key; ``None`` = unbounded.
+
+    Causal is a right reach of 0, so causal ∩ window ``(l, r)`` is ``(l, min(r, 0))`` (``-1`` in
+    ``window`` = unbounded). A side that can exclude no key is dropped, so the kernel compiles without its
+    mask: with ``L <= s_max`` keys, row ``i``'s window is ``[L - Sq + i - l, L - Sq + i + r]``; the right
+    side admits every key when ``r >= Sq - 1`` (row 0 reaches key ``L - 1``), the left side when
+    ``l >= s_max - 1`` (row ``Sq - 1`` reaches key 0).
+
+    >>> mask_bounds(True, None, 1, 4096)        # causal with one query: the diagonal is the last key
+    (None, None)
+    >>> mask_bounds(True, None, 4, 4096)        # speculative decode: the diagonal matters
+    (None, 0)
+    >>> mask_bounds(True, (1023, -1), 1, 32768)
+    (1023, None)
+    >>> mask_bounds(False, (8000, 2), 3, 4096)  # a window wider than the cache
+    (None, None)
+    """
+    left = right = None
+    if window is not None:
+        left = window[0] if window[0] >= 0 else None
+        right = window[1] if window[1] >= 0 else None
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    if right is not None and right >= seqlen_q - 1:
+        right = None
+    if left is not None and left >= s_max - 1:
+        left = None
+    return left, right
+
+
 def auto_num_splits(programs: int, seqlen_kv: int, sms: int, block_n: int) -> int:
     """Split count that fills the GPU: about two programs per SM in all, at least
     ``MIN_KEYS_PER_SPLIT`` keys (and one tile) per split, a power of two, at most ``MAX_SPLITS``.
 
-    ``programs`` = batch * kv heads * row blocks, the programs one split gives.
+    ``programs`` = batch * kv heads * row blocks, the programs one split gives. ``seqlen_kv`` = the most
+    keys one program reads: ``S_max``, or ``min(S_max, l + Sq)`` under a left window bound ``l`` (the
+    splits divide the window's keys, not the cache).
 
     >>> auto_num_splits(8, 8192, 132, 64)      # B=1, Hkv=8: 33 wanted -> 32 splits of 256 keys
     32
     >>> auto_num_splits(256, 8192, 132, 64)    # B=32, Hkv=8: the batch alone fills the GPU
     1
     >>> auto_num_splits(8, 1024, 132, 64)      # short cache: 8 splits of 128 keys
+    8
+    >>> auto_num_splits(8, 1023 + 1, 132, 64)  # window (1023, 0) over any cache, Sq=1: 8, not 32
     8
     """
     if programs >= sms:
@@ -161,31 +201,59 @@ class LaunchPlan(NamedTuple):
     num_stages: int
     block_s: int  # reduction: splits padded to a power of two
     reduce_warps: int
+    has_left: bool  # the kernel's window bounds (mask_bounds); reach 0 where unbounded (then unread)
+    has_right: bool
+    win_left: int
+    win_right: int
 
 
 @functools.lru_cache(maxsize=4096)
 def plan_launch(B: int, Hq: int, Sq: int, D: int, Hkv: int, S_max: int, Dv: int, itemsize: int,
-                sms: int, smem_per_sm: int, cfg: DecodeConfig) -> LaunchPlan:
-    """Everything about a launch that depends on shapes only (cached: the hot path is a dict lookup)."""
+                sms: int, smem_per_sm: int, cfg: DecodeConfig, causal: bool = False,
+                window: Optional[Tuple[int, int]] = None) -> LaunchPlan:
+    """Everything about a launch that depends on shapes and mask only (cached: the hot path is a dict
+    lookup). ``window`` is a ``(left, right)`` tuple, ``-1`` = unbounded."""
     group = Hq // Hkv
     bd, bdv = block_d(D), block_d(Dv)
     bm = block_m(group, Sq, max(D, Dv))
     m_blocks = -(-group * Sq // bm)
     programs = B * Hkv * m_blocks
-    splits = cfg.num_splits or auto_num_splits(programs, S_max, sms, cfg.BLOCK_N)
+    left, right = mask_bounds(causal, window, Sq, S_max)
+    # Most keys one program reads: a left bound l leaves rows 0..Sq-1 the keys [L - Sq - l, L).
+    span = S_max if left is None else min(S_max, left + Sq)
+    splits = cfg.num_splits or auto_num_splits(programs, span, sms, cfg.BLOCK_N)
     # More splits than tiles only adds empty programs and partial rows.
-    splits = max(1, min(splits, -(-max(S_max, 1) // cfg.BLOCK_N)))
+    splits = max(1, min(splits, -(-max(span, 1) // cfg.BLOCK_N)))
     stages = cfg.num_stages or auto_num_stages(programs * splits, sms, smem_per_sm, cfg.BLOCK_N, bd, bdv,
                                                itemsize)
     bs = max(2, next_pow2(splits))
     # about 32 fp32 partial values per thread: the reduction's [BLOCK_S, BLOCK_DV] tile sits in registers
     reduce_warps = min(8, max(1, next_pow2(bs * bdv // 1024)))
     return LaunchPlan((B * Hkv, splits, m_blocks), splits, bm, bd, bdv, bd == D and bdv == Dv,
-                      cfg.num_warps, stages, bs, reduce_warps)
+                      cfg.num_warps, stages, bs, reduce_warps, left is not None, right is not None,
+                      left or 0, right or 0)
+
+
+def check_window(window) -> Optional[Tuple[int, int]]:
+    """``window`` as a ``(left, right)`` tuple of ints (hashable, for the plan cache), or None; raise
+    ``ValueError`` naming ``window`` unless it is a pair of integers >= -1."""
+    if window is None:
+        return None
+    try:
+        if isinstance(window, (str, bytes)) or len(window) != 2 or any(isinstance(x, bool) for x in window):
+            raise TypeError
+        left, right = (operator.index(x) for x in window)
+    except TypeError:
+        raise ValueError(f"window: expected (left, right) integers >= -1 (-1 = unbounded), got {window!r}") \
+            from None
+    if left < -1 or right < -1:
+        raise ValueError(f"window: sides must be >= 0 or -1 (unbounded), got {(left, right)}")
+    return left, right
 
 
 def check_decode_args(q, k_cache, v_cache, kv_lens, max_seqlen_q: int = 16) -> None:
-    """Raise ``ValueError`` naming the argument when the inputs do not fit the decode op."""
+    """Raise ``ValueError`` naming the argument when the inputs do not fit the decode op (the window is
+    checked by :func:`check_window`)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D tensor, got "
@@ -221,34 +289,75 @@ def check_decode_args(q, k_cache, v_cache, kv_lens, max_seqlen_q: int = 16) -> N
             raise ValueError(f"kv_lens: device {kv_lens.device} differs from q's {q.device}")
 
 
+#: the two kernels, launched through their cached CompiledKernels (:mod:`attntune.kernels.triton_launch`)
+_SPLIT = FastKernel(decode_split_kernel)
+_REDUCE = FastKernel(decode_reduce_kernel)
+#: split partials, one float32 buffer per (device, stream, thread), reused by the eager calls made there:
+#: calls on one stream run in order, so the next call's partials never overwrite ones still being read
+#: (one allocation fewer per call: 4 µs of host time on the H200 host). Never used while a CUDA graph is
+#: being captured (the graph then owns a buffer from its own pool); buffers above
+#: ``WORKSPACE_CACHE_BYTES`` are allocated per call.
+_WORKSPACE: Dict[Tuple[int, int, int], torch.Tensor] = {}
+WORKSPACE_CACHE_BYTES = 64 << 20
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _workspace(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
+    if dev_idx < 0 or _raw_stream is None or n * 4 > WORKSPACE_CACHE_BYTES \
+            or torch.cuda.is_current_stream_capturing():
+        return torch.empty(n, device=device, dtype=torch.float32)
+    key = (dev_idx, _raw_stream(dev_idx), threading.get_ident())
+    ws = _WORKSPACE.get(key)
+    if ws is None or ws.numel() < n:
+        ws = torch.empty(n, device=device, dtype=torch.float32)
+        _WORKSPACE[key] = ws
+    return ws
+
+
+def _stride_classes(*strides: int) -> tuple:
+    """Triton's specialization of stride arguments (see :func:`attntune.kernels.triton_launch.int_class`)."""
+    out = tuple([1 if x == 1 else (16 if x % 16 == 0 else 0) for x in strides])
+    return out if max(strides) <= 0x7FFFFFFF else out + (64,)
+
+
 def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   kv_lens: Optional[torch.Tensor], out: torch.Tensor, causal: bool, scale: float,
-                  cfg: DecodeConfig, dot_precision: str = "tf32") -> torch.Tensor:
+                  cfg: DecodeConfig, dot_precision: str = "tf32",
+                  window: Optional[Tuple[int, int]] = None) -> torch.Tensor:
     """Launch the split kernel (and the reduction when more than one split): ``out`` [B, Hq, Sq, Dv]
-    receives the result. Inputs are assumed checked (:func:`check_decode_args`)."""
+    receives the result. Inputs are assumed checked (:func:`check_decode_args`, :func:`check_window`:
+    ``window`` a tuple). No host synchronisation; safe to capture in a CUDA graph once a call of the same
+    shapes has run (compiled) outside the capture."""
     B, Hq, Sq, D = q.shape
     Hkv, S_max, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     if out.numel() == 0:
         return out
+    dev_idx = q.get_device()
     sms, smem = device_info(q.device)
-    p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg)
+    p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     split = p.splits > 1
     rows = B * Hq * Sq
-    # One allocation holds both partial buffers: O [rows, splits, Dv] then LSE [rows, splits] (the host
-    # cost of every allocation and view counts in decode).
-    ws = torch.empty(rows * p.splits * (Dv + 1), device=q.device, dtype=torch.float32) if split else out
-    decode_split_kernel[p.grid](
-        q, k_cache, v_cache, kv_lens, ws, out,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
-        Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, rows * p.splits * Dv, scale * LOG2E,
-        HAS_LENS=kv_lens is not None, CAUSAL=bool(causal), SPLIT=split,
-        BLOCK_M=p.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=p.block_d, BLOCK_DV=p.block_dv,
-        EVEN_D=p.even_d, DOT_PRECISION=dot_precision,
-        num_warps=p.num_warps, num_stages=p.num_stages,
-    )
+    lse_off = rows * p.splits * Dv
+    # One buffer holds both partials: O [rows, splits, Dv] then LSE [rows, splits].
+    ws = _workspace(rows * p.splits * (Dv + 1), q.device, dev_idx) if split else out
+    qs, ks, vs, os_ = q.stride(), k_cache.stride(), v_cache.stride(), out.stride()
+    # Everything Triton specializes on for this call (the rest is fixed by the plan `p`): pointer types
+    # (dtypes) and alignment, the classes of the strides and of the two large integers.
+    key = (p, q.dtype, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16 == 0),
+           dot_precision, D, Dv, q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0,
+           v_cache.data_ptr() % 16 == 0,
+           ws.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+           _stride_classes(*qs, *ks, *vs, *os_, S_max, lse_off))
+    _SPLIT(key, p.grid, (
+        q, k_cache, v_cache, kv_lens, ws, out, *qs, *ks, *vs, *os_,
+        Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, lse_off, p.win_left, p.win_right, scale * LOG2E,
+        kv_lens is not None, split, p.has_left, p.has_right,  # HAS_LENS, SPLIT, HAS_LEFT, HAS_RIGHT
+        p.block_m, cfg.BLOCK_N, p.block_d, p.block_dv, p.even_d, dot_precision,
+    ), p.num_warps, p.num_stages, dev_idx)
     if split:
-        decode_reduce_kernel[(rows,)](
-            ws, out, *out.stride(), Hq, Sq, Dv, p.splits, rows * p.splits * Dv,
-            BLOCK_S=p.block_s, BLOCK_DV=p.block_dv, num_warps=p.reduce_warps,
-        )
+        rkey = (p.block_s, p.block_dv, p.reduce_warps, out.dtype, Dv, ws.data_ptr() % 16 == 0,
+                out.data_ptr() % 16 == 0,
+                _stride_classes(*os_, lse_off))
+        _REDUCE(rkey, (rows, 1, 1), (ws, out, *os_, Hq, Sq, Dv, p.splits, lse_off, p.block_s, p.block_dv),
+                p.reduce_warps, None, dev_idx)
     return out

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
-from attntune.kernels.triton_decode.launch import DecodeConfig, check_decode_args, launch_decode
+from attntune.kernels.triton_decode.launch import DecodeConfig, check_decode_args, check_window, launch_decode
 from attntune.tolerances import tf32_allowed
 
 
@@ -17,6 +17,7 @@ def decode_attention(
     *,
     kv_lens: Optional[torch.Tensor] = None,
     causal: bool = False,
+    window: Optional[Tuple[int, int]] = None,
     scale: Optional[float] = None,
     config: Optional[Union[dict, DecodeConfig]] = None,
     out: Optional[torch.Tensor] = None,
@@ -28,16 +29,21 @@ def decode_attention(
         k_cache:  ``[B, Hkv, S_max, D]``, ``Hq % Hkv == 0``; query head ``h`` reads kv head
                   ``h // (Hq // Hkv)`` (GQA/MQA).
         v_cache:  ``[B, Hkv, S_max, Dv]``. Any strides (e.g. a slice of a larger cache).
-        kv_lens:  optional ``int32 [B]`` (int64 accepted): sequence ``b`` holds ``kv_lens[b]`` valid
-                  keys, ``k_cache[b, :, :kv_lens[b]]``; keys past it are never read (they may hold
-                  garbage, NaN included). Values are clamped to ``[0, S_max]`` for reading keys.
-                  ``None`` means every sequence has ``S_max`` keys.
+        kv_lens:  optional ``int32 [B]`` (int64 accepted): sequence ``b`` holds ``L_b`` valid keys,
+                  ``k_cache[b, :, :L_b]``, with ``L_b = clamp(kv_lens[b], 0, S_max)``: values are clamped
+                  to ``[0, S_max]``; the clamped length is used for the diagonal too. Keys past ``L_b``
+                  are never read (they may hold garbage, NaN included). ``None`` means ``L_b = S_max``.
         causal:   mask later keys. The ``Sq`` queries are the *last* ``Sq`` positions of each sequence
-                  (bottom-right alignment per sequence, the FlashAttention/vLLM convention): query row
-                  ``i`` of sequence ``b`` attends key ``j`` iff ``j < kv_lens[b]`` and
-                  ``j <= kv_lens[b] - Sq + i`` (``S_max`` in place of ``kv_lens[b]`` without kv_lens).
-                  Without ``causal`` every row attends all ``j < kv_lens[b]``. For ``Sq == 1`` both
-                  are the same.
+                  (bottom-right alignment per sequence, the FlashAttention/vLLM convention; the only
+                  alignment of this op): query row ``i`` of sequence ``b`` sits on key ``L_b - Sq + i``
+                  and attends key ``j`` iff ``j < L_b`` and ``j <= L_b - Sq + i``. Without ``causal``
+                  (and window) every row attends all ``j < L_b``. For ``Sq == 1`` both are the same.
+        window:   sliding window ``(left, right)``, a side ``-1`` = unbounded; ``None`` = no window.
+                  Row ``i`` of sequence ``b`` attends key ``j`` iff ``j < L_b`` and
+                  ``L_b - Sq + i - left <= j <= L_b - Sq + i + right``. With ``causal`` both masks apply
+                  (their intersection: window ``(left, min(right, 0))``). Keys before row 0's window
+                  start, ``j < L_b - Sq - left``, are never read either, and the splits divide only the
+                  keys from there to ``L_b``: the cost follows the window, not ``S_max``.
         scale:    softmax scale; ``None`` means ``1/sqrt(D)``.
         config:   launch parameters ``{"BLOCK_N", "num_splits", "num_warps", "num_stages"}`` (a dict or
                   :class:`DecodeConfig`); ``num_splits`` / ``num_stages`` 0 or ``"auto"`` pick them from
@@ -46,14 +52,20 @@ def decode_attention(
         out:      optional ``[B, Hq, Sq, Dv]`` tensor of q's dtype to write into (any strides).
 
     Returns:
-        ``[B, Hq, Sq, Dv]`` in q's dtype. A row with no admissible key — ``kv_lens[b] == 0``, or a
-        causal row with ``kv_lens[b] - Sq + i < 0`` — is all zeros, never NaN.
+        ``[B, Hq, Sq, Dv]`` in q's dtype. A row with no admissible key — ``L_b == 0``, or a row whose
+        right reach ends before key 0, ``L_b - Sq + i + right < 0`` (``right`` is 0 under causal) — is
+        all zeros, never NaN.
+
+    Raises:
+        ValueError: naming the argument (``q``, ``k_cache``, ``v_cache``, ``kv_lens``, ``window``,
+        ``config``, ``out``) that does not fit.
 
     float16, bfloat16 and float32 inputs; D, Dv up to 256 (any value: padded to a power of two and
     masked). float32 uses TF32 dots only when ``torch.get_float32_matmul_precision() != "highest"``.
     Accumulation is float32 throughout; the split partials are float32.
     """
     check_decode_args(q, k_cache, v_cache, kv_lens)
+    window = check_window(window)
     cfg = config if isinstance(config, DecodeConfig) else DecodeConfig.from_dict(config)
     B, Hq, Sq, _ = q.shape
     shape = (B, Hq, Sq, v_cache.shape[3])
@@ -64,4 +76,4 @@ def decode_attention(
                          f"{out.dtype} on {out.device}")
     sm_scale = float(scale) if scale is not None else q.shape[3] ** -0.5
     precision = "tf32" if (q.dtype != torch.float32 or tf32_allowed()) else "ieee"
-    return launch_decode(q, k_cache, v_cache, kv_lens, out, causal, sm_scale, cfg, precision)
+    return launch_decode(q, k_cache, v_cache, kv_lens, out, causal, sm_scale, cfg, precision, window)

@@ -56,6 +56,7 @@ class FlashVariantBase(Variant):
 
     family = "triton"
     local = False
+    space_depends_on_lengths = False  # flash_space reads dtype, head dim, device and mode only
 
     def supports(self, problem: AttentionProblem) -> list[str]:
         return flash_reasons(problem)

@@ -1,0 +1,92 @@
+"""CPU smoke test of benchmarks/bench_generate.py: the tiny configuration runs end to end in a subprocess
+(resident generate cases, one fresh-process case, the eager serving loop, the new-length host cost) and
+writes the JSON layout the GPU run will write."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "bench_generate.py"
+IMPLS = ("sdpa", "attntune")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _no_error(where: str, rec: dict) -> None:
+    assert "error" not in rec, f"{where}: {rec['error']}"
+
+
+def test_bench_generate_smoke(tmp_path):
+    out = tmp_path / "generate.json"
+    env = dict(os.environ, ATTNTUNE_SYSTEM_CACHE="", ATTNTUNE_CACHE=str(tmp_path / "cache.db"),
+               PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)  # a plain CPU run, as a user would start it
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--protocol", "both", "--fresh-models", "llama",
+           "--out", str(out)]
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    doc = json.loads(out.read_text())
+
+    for key in ("environment", "args", "cases", "fresh", "serving", "new_length", "summary"):
+        assert key in doc, key
+    assert doc["environment"]["torch"]
+    assert doc["args"]["new_tokens"] == 4 and doc["args"]["repeats"] == 1
+
+    cases = doc["cases"]
+    assert {(c["model"], c["cache"]) for c in cases} == {(m, c) for m in ("llama", "mistral")
+                                                         for c in ("dynamic", "static")}
+    for c in cases:
+        where = f"{c['model']}/{c['cache']}"
+        assert set(c["impls"]) == set(IMPLS), where
+        for impl in IMPLS:
+            r = c["impls"][impl]
+            _no_error(f"{where}/{impl}", r)
+            assert len(r["runs_s"]) == 1 and _finite(r["tok_s"]) and r["tok_s"] > 0, (where, impl, r)
+            assert _finite(r["median_s"]) and r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert _finite(c["ratio"]) and c["ratio"] > 0, where
+        assert 0.0 <= c["tokens_equal_frac"] <= 1.0, where
+        assert c["batch"] == 2 and c["prompt"] == 12 and c["new_tokens"] == 4
+
+    (fresh,) = doc["fresh"]
+    assert fresh["model"] == "llama" and set(fresh["impls"]) == set(IMPLS)
+    for impl in IMPLS:
+        r = fresh["impls"][impl]
+        _no_error(f"fresh/{impl}", r)
+        assert _finite(r["tok_s"]) and _finite(r["long_prefill_s"]) and len(r["runs_s"]) == 1
+    assert _finite(fresh["ratio"]) and 0.0 <= fresh["tokens_equal_frac"] <= 1.0
+
+    eager = doc["serving"]["eager"]
+    for name in ("sdpa", "attntune_causal", "attntune_noncausal"):
+        _no_error(f"serving/{name}", eager[name])
+        assert _finite(eager[name]["us_per_step"]) and eager[name]["us_per_step"] > 0
+    assert "graph" not in doc["serving"]  # no CUDA graphs on the CPU
+    for name in IMPLS:
+        nl = doc["new_length"][name]
+        _no_error(f"new_length/{name}", nl)
+        assert _finite(nl["extra_us_median"]) and _finite(nl["extra_us_p90"])
+
+    s = doc["summary"]
+    for key in ("geomean_vs_sdpa", "min_vs_sdpa", "swa_prompt4096_vs_sdpa", "static_vs_sdpa",
+                "serving_loop_causal_vs_sdpa", "serving_loop_graph_vs_sdpa", "new_length_extra_us"):
+        assert key in s, key
+    for key in ("geomean_vs_sdpa", "min_vs_sdpa", "static_vs_sdpa", "serving_loop_causal_vs_sdpa",
+                "serving_loop_noncausal_vs_sdpa", "new_length_extra_us", "fresh_vs_sdpa"):
+        assert _finite(s[key]), (key, s[key])
+    assert s["swa_prompt4096_vs_sdpa"] is None  # no 4096-token prompts in the smoke run
+    assert s["serving_loop_graph_vs_sdpa"] is None
+    assert s["failed_impl_runs"] == 0
+
+    lines = p.stdout.strip().splitlines()
+    assert any(ln.split()[:3] == ["model", "cache", "B"] for ln in lines[-8:]), p.stdout[-2000:]
