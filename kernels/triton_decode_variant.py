@@ -9,6 +9,7 @@ top-left problem runs only where it is the same mask). Its tunables: ``BLOCK_N``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import List, Optional
 
@@ -21,6 +22,12 @@ from attntune.tolerances import tf32_allowed
 from attntune.problem import AttentionProblem
 
 MAX_SEQLEN_Q = 16
+#: Eager calls (not being captured in a CUDA graph) whose programs each read at most this many K+V bytes
+#: run one split, whatever the tuned config says: tuned decode configs are ranked by device time under
+#: CUDA graphs, but an eager decode step is host-bound, and one split saves the reduction's launch and the
+#: partials buffer (~10 µs of host time on the H200 host, benchmarks/results/probe_host_h200.json), while
+#: one program streams 256 KiB in a few µs (an estimate: a few tens of GB/s per SM).
+EAGER_ONE_SPLIT_BYTES = 256 * 1024
 MAX_HEAD_DIM = 256
 #: fp32 accumulator + score elements one thread may hold before the kernel spills
 MAX_REGS_PER_THREAD = 192
@@ -48,6 +55,13 @@ class TritonDecodeVariant(Variant):
 
     def __init__(self) -> None:
         self._configs = {}  # (BLOCK_N, num_splits, num_warps, num_stages) -> DecodeConfig
+        self._single = {}   # DecodeConfig -> the same with num_splits 1
+
+    def _one_split(self, cfg: DecodeConfig) -> DecodeConfig:
+        one = self._single.get(cfg)
+        if one is None:
+            one = self._single.setdefault(cfg, dataclasses.replace(cfg, num_splits=1))
+        return one
 
     def supports(self, problem: AttentionProblem) -> List[str]:
         reasons = []
@@ -122,6 +136,13 @@ class TritonDecodeVariant(Variant):
         cfg = self._configs.get(key)
         if cfg is None:
             cfg = self._configs.setdefault(key, DecodeConfig.from_dict(config))
+        if cfg.num_splits != 1 and q.is_cuda and not torch.cuda.is_current_stream_capturing():
+            # Eager: tuned configs are ranked under CUDA graphs (device time). Outside a graph a small
+            # decode is host-bound, and one split saves the reduction launch and the partials buffer.
+            window = problem.window
+            span = k.shape[2] if window is None or window[0] < 0 else min(k.shape[2], window[0] + q.shape[2])
+            if span * (q.shape[3] + v.shape[3]) * q.element_size() <= EAGER_ONE_SPLIT_BYTES:
+                cfg = self._one_split(cfg)
         precision = "ieee" if q.dtype == torch.float32 and not tf32_allowed() else "tf32"
         out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
         return launch_decode(q, k, v, kv_lens, out, problem.causal, problem.softmax_scale, cfg, precision,

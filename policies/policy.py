@@ -143,9 +143,18 @@ def _make(name: str, config: Optional[dict], source: str, problem: AttentionProb
     cfg = dict(config) if config is not None else v.space(problem).first()
     if rec is not None:
         runner_up, runner_up_ms = rec.runner_up, rec.runner_up_ms
+        reasons = list(reasons) + [_timing_note(rec.key)]
     return Plan(variant=name, config=cfg, source=source, problem=problem, key=key,
                 expected_ms=rec.median_ms if rec is not None else None, runner_up=runner_up,
                 runner_up_ms=runner_up_ms, reasons=tuple(reasons), impl=v)
+
+
+def _timing_note(key: TuneKey) -> str:
+    """How the row's time was measured (the tuner's rule, autotune.timing.graph_timed)."""
+    if key.device.device_type == "cuda" and key.mode == "fwd" and key.seqlen_q <= DECODE_MAX_SQ:
+        return ("row timed as device time under CUDA graphs (decode keys: serving captures decode); eager "
+                "calls of small decode problems run one split (host-bound, see triton_decode)")
+    return "row timed eagerly (do_bench medians, L2 flushed)"
 
 
 # ---- the individual decisions -----------------------------------------------------------------------

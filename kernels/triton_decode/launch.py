@@ -341,9 +341,12 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # One buffer holds both partials: O [rows, splits, Dv] then LSE [rows, splits].
     ws = _workspace(rows * p.splits * (Dv + 1), q.device, dev_idx) if split else out
     qs, ks, vs, os_ = q.stride(), k_cache.stride(), v_cache.stride(), out.stride()
-    # Everything Triton specializes on for this call (the rest is fixed by the plan `p`): pointer types
-    # (dtypes) and alignment, the classes of the strides and of the two large integers.
-    key = (p, q.dtype, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16 == 0),
+    # Everything Triton compiles for — launch options, constexprs, pointer types (dtypes) and alignment,
+    # the classes of the specialized integers and the width of the large ones — and nothing else: the
+    # grid, the split count and the lengths change with every KV length of a decode loop and must not
+    # make a new key (each would take Triton's slow launch path once and grow the cache).
+    key = (p.num_warps, p.num_stages, split, p.has_left, p.has_right, p.block_m, cfg.BLOCK_N, p.block_d,
+           p.block_dv, p.even_d, q.dtype, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16 == 0),
            dot_precision, D, Dv, q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0,
            v_cache.data_ptr() % 16 == 0,
            ws.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
