@@ -125,6 +125,10 @@ class RuntimeConfig:
             h._attntune = True  # type: ignore[attr-defined]  # marks our handler so reset() does not stack them
             LOG.addHandler(h)
 
+    def too_long(self, problem) -> bool:
+        """True when ``ATTNTUNE_MAX_SEQLEN`` keeps ``problem`` on the safe fallback."""
+        return self.max_seqlen is not None and max(problem.seqlen_q, problem.seqlen_kv) > self.max_seqlen
+
     @property
     def policy_label(self) -> str:
         return f"fixed:{self.fixed_variant}" if self.policy == "fixed" else self.policy

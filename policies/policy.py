@@ -266,7 +266,7 @@ def resolve(problem: AttentionProblem, key: TuneKey, cfg: RuntimeConfig, index_f
     big = max(problem.seqlen_q, problem.seqlen_kv)
     if cfg.disabled:
         return fallback_plan(problem, key, ["ATTNTUNE_DISABLE=1"]), False
-    if cfg.max_seqlen is not None and big > cfg.max_seqlen:
+    if cfg.too_long(problem):
         return fallback_plan(problem, key, [f"max(Sq, Skv) = {big} > ATTNTUNE_MAX_SEQLEN={cfg.max_seqlen}"]), False
     if cfg.policy == "heuristic":
         return heuristic_plan(problem, key, quarantine, ["policy heuristic"]), False

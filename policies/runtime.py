@@ -182,7 +182,7 @@ class Runtime:
         cfg = self.config
         if prev is None or prev.source == "fallback" or cfg.disabled:
             return None  # fallbacks are per problem (quarantine, limits): decided afresh
-        if cfg.max_seqlen is not None and max(problem.seqlen_q, problem.seqlen_kv) > cfg.max_seqlen:
+        if cfg.too_long(problem):
             return None
         if usable(prev.variant, prev.config, problem, self.quarantine):
             return None
@@ -194,7 +194,7 @@ class Runtime:
         Environment switches, quarantine and the cache were settled when the family's plan was resolved
         (a quarantine drops the family's entry)."""
         cfg = self.config
-        if cfg.max_seqlen is not None and max(problem.seqlen_q, problem.seqlen_kv) > cfg.max_seqlen:
+        if cfg.too_long(problem):
             return [f"longer than ATTNTUNE_MAX_SEQLEN={cfg.max_seqlen}"]
         return plan.impl.reuse_reasons(problem, plan.config)
 
