@@ -17,7 +17,7 @@ import torch
 
 from attntune.kernels.base import Config, Param, Space, Variant
 from attntune.kernels.triton_decode.launch import (MAX_SPLITS, SMEM_BLOCK_BUDGET, DecodeConfig, block_d, block_m,
-                                                   kv_smem_bytes, launch_decode)
+                                                   keys_per_program, kv_smem_bytes, launch_decode)
 from attntune.tolerances import tf32_allowed
 from attntune.problem import AttentionProblem
 
@@ -139,8 +139,8 @@ class TritonDecodeVariant(Variant):
         if cfg.num_splits != 1 and q.is_cuda and not torch.cuda.is_current_stream_capturing():
             # Eager: tuned configs are ranked under CUDA graphs (device time). Outside a graph a small
             # decode is host-bound, and one split saves the reduction launch and the partials buffer.
-            window = problem.window
-            span = k.shape[2] if window is None or window[0] < 0 else min(k.shape[2], window[0] + q.shape[2])
+            left = None if problem.window is None else problem.window[0]
+            span = keys_per_program(k.shape[2], q.shape[2], left)
             if span * (q.shape[3] + v.shape[3]) * q.element_size() <= EAGER_ONE_SPLIT_BYTES:
                 cfg = self._one_split(cfg)
         precision = "ieee" if q.dtype == torch.float32 and not tf32_allowed() else "tf32"

@@ -19,6 +19,7 @@ import torch
 
 from attntune.kernels.triton_decode.jit import decode_reduce_kernel, decode_split_kernel
 from attntune.kernels.triton_launch import FastKernel
+from attntune.problem import canonical_mask
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
@@ -120,7 +121,8 @@ def mask_bounds(causal: bool, window: Optional[Tuple[int, int]], seqlen_q: int,
     ``window`` = unbounded). A side that can exclude no key is dropped, so the kernel compiles without its
     mask: with ``L <= s_max`` keys, row ``i``'s window is ``[L - Sq + i - l, L - Sq + i + r]``; the right
     side admits every key when ``r >= Sq - 1`` (row 0 reaches key ``L - 1``), the left side when
-    ``l >= s_max - 1`` (row ``Sq - 1`` reaches key 0).
+    ``l >= s_max - 1`` (row ``Sq - 1`` reaches key 0). This is :func:`attntune.problem.canonical_mask`
+    for bottom-right alignment, read as the kernel's two bounds.
 
     >>> mask_bounds(True, None, 1, 4096)        # causal with one query: the diagonal is the last key
     (None, None)
@@ -131,17 +133,18 @@ def mask_bounds(causal: bool, window: Optional[Tuple[int, int]], seqlen_q: int,
     >>> mask_bounds(False, (8000, 2), 3, 4096)  # a window wider than the cache
     (None, None)
     """
-    left = right = None
-    if window is not None:
-        left = window[0] if window[0] >= 0 else None
-        right = window[1] if window[1] >= 0 else None
+    causal, _, window = canonical_mask(seqlen_q, s_max, False, causal, "bottom_right", window)
     if causal:
-        right = 0 if right is None else min(right, 0)
-    if right is not None and right >= seqlen_q - 1:
-        right = None
-    if left is not None and left >= s_max - 1:
-        left = None
-    return left, right
+        return None, 0
+    if window is None:
+        return None, None
+    return (window[0] if window[0] >= 0 else None), (window[1] if window[1] >= 0 else None)
+
+
+def keys_per_program(s_max: int, seqlen_q: int, left: Optional[int]) -> int:
+    """The most keys one program reads: ``S_max``, or under a left bound ``l`` the keys
+    ``[L - Sq - l, L)`` that rows ``0..Sq-1`` reach, ``min(S_max, l + Sq)``."""
+    return s_max if left is None or left < 0 else min(s_max, left + seqlen_q)
 
 
 def auto_num_splits(programs: int, seqlen_kv: int, sms: int, block_n: int) -> int:
@@ -219,8 +222,7 @@ def plan_launch(B: int, Hq: int, Sq: int, D: int, Hkv: int, S_max: int, Dv: int,
     m_blocks = -(-group * Sq // bm)
     programs = B * Hkv * m_blocks
     left, right = mask_bounds(causal, window, Sq, S_max)
-    # Most keys one program reads: a left bound l leaves rows 0..Sq-1 the keys [L - Sq - l, L).
-    span = S_max if left is None else min(S_max, left + Sq)
+    span = keys_per_program(S_max, Sq, left)
     splits = cfg.num_splits or auto_num_splits(programs, span, sms, cfg.BLOCK_N)
     # More splits than tiles only adds empty programs and partial rows.
     splits = max(1, min(splits, -(-max(span, 1) // cfg.BLOCK_N)))
