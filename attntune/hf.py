@@ -68,15 +68,14 @@ def _lens_of(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def _mask_from_lens(kv_lens: torch.Tensor, sq: int, skv: int, window: Optional[Tuple[int, int]]) -> torch.Tensor:
-    """The boolean ``[B, 1, Sq, Skv]`` mask a ``kv_lens`` description stands for (for HF's SDPA path)."""
-    lens = kv_lens.to(torch.int64).clamp(0, skv)[:, None, None, None]
-    i = torch.arange(sq, device=kv_lens.device)[None, None, :, None]
-    j = torch.arange(skv, device=kv_lens.device)[None, None, None, :]
-    diag = lens - sq + i
-    mask = (j < lens) & (j <= diag)
-    if window is not None:
-        mask &= j >= diag - window[0]
-    return mask
+    """The boolean ``[B, 1, Sq, Skv]`` mask a ``kv_lens`` description stands for (for HF's SDPA path):
+    attntune's own causal + window + kv_lens mask (:func:`attntune.kernels.masks.build_mask`)."""
+    from attntune.kernels.masks import build_mask
+    from attntune.problem import AttentionProblem
+
+    p = AttentionProblem(batch=kv_lens.shape[0], heads_q=1, heads_kv=1, seqlen_q=sq, seqlen_kv=skv, head_dim=1,
+                         head_dim_v=1, dtype="float32", causal=True, window=window, kv_lens=True)
+    return build_mask(p, kv_lens.device, kv_lens)
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
