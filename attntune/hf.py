@@ -67,14 +67,15 @@ def _lens_of(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return mask.reshape(mask.shape[0])
 
 
-def _mask_from_lens(kv_lens: torch.Tensor, sq: int, skv: int, window: Optional[Tuple[int, int]]) -> torch.Tensor:
+def _mask_from_lens(kv_lens: torch.Tensor, sq: int, skv: int,
+                    window: Optional[Tuple[int, int]]) -> torch.Tensor:
     """The boolean ``[B, 1, Sq, Skv]`` mask a ``kv_lens`` description stands for (for HF's SDPA path):
     attntune's own causal + window + kv_lens mask (:func:`attntune.kernels.masks.build_mask`)."""
     from attntune.kernels.masks import build_mask
     from attntune.problem import AttentionProblem
 
-    p = AttentionProblem(batch=kv_lens.shape[0], heads_q=1, heads_kv=1, seqlen_q=sq, seqlen_kv=skv, head_dim=1,
-                         head_dim_v=1, dtype="float32", causal=True, window=window, kv_lens=True)
+    p = AttentionProblem(batch=kv_lens.shape[0], heads_q=1, heads_kv=1, seqlen_q=sq, seqlen_kv=skv,
+                         head_dim=1, head_dim_v=1, dtype="float32", causal=True, window=window, kv_lens=True)
     return build_mask(p, kv_lens.device, kv_lens)
 
 

@@ -238,12 +238,13 @@ def _remember(fam: Optional[tuple], slot: Slot) -> None:
         FAMILIES[fam] = slot
 
 
-def _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad) -> Slot:
-    fam = _family_sig("attention", q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad)
+def _new_slot(sig, fam: Optional[tuple], q, k, make_problem) -> Slot:
+    """The slot of a never-seen signature: the family's plan when it takes the shape, else a plan
+    resolved for ``make_problem()`` (under the runtime lock) and remembered for the family."""
     slot = _reuse(sig, fam, q, k)
     if slot is not None:
         return slot
-    problem = _problem(q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad)
+    problem = make_problem()
     rt = _runtime.get()
     with rt.lock:
         slot = SLOTS.get(sig)
@@ -252,6 +253,12 @@ def _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad) 
             slot = _store(sig, plan, fresh, q.device)
             _remember(fam, slot)
     return slot
+
+
+def _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad) -> Slot:
+    fam = _family_sig("attention", q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad)
+    return _new_slot(sig, fam, q, k,
+                     lambda: _problem(q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad))
 
 
 def _dropin_ok(q, k, v, enable_gqa: bool) -> bool:
@@ -285,18 +292,10 @@ def _dropin_slot(sig, q, k, v, is_causal, scale, enable_gqa, grad) -> Slot:
         slot = Slot(None, passthrough, None, None, 0, q.device if isinstance(q, Tensor) else None)
         SLOTS[sig] = slot
         return slot
-    fam = _family_sig(("sdpa", bool(enable_gqa)), q, k, v, None, is_causal, "top_left", None, scale, False, grad)
-    slot = _reuse(sig, fam, q, k)
-    if slot is not None:
-        return slot
-    problem = _problem(q, k, v, None, is_causal, "top_left", None, scale, False, grad)
-    with rt.lock:
-        slot = SLOTS.get(sig)
-        if slot is None:
-            plan, fresh = rt.resolve(problem, q.device)
-            slot = _store(sig, plan, fresh, q.device)
-            _remember(fam, slot)
-    return slot
+    fam = _family_sig(("sdpa", bool(enable_gqa)), q, k, v, None, is_causal, "top_left", None, scale, False,
+                      grad)
+    return _new_slot(sig, fam, q, k,
+                     lambda: _problem(q, k, v, None, is_causal, "top_left", None, scale, False, grad))
 
 
 # ---- failures and sampling (off the common path) ----------------------------------------------------
@@ -379,17 +378,8 @@ def _op_slot(q, k, v, kv_lens, causal, top_left, wl, wr, scale, approx, grad) ->
     if slot is None:
         align = "top_left" if top_left else "bottom_right"
         fam = _family_sig(_OP, q, k, v, kv_lens, causal, align, window, scale, appr, grad)
-        slot = _reuse(sig, fam, q, k)
-        if slot is not None:
-            return sig, slot
-        problem = _problem(q, k, v, kv_lens, causal, align, window, scale, appr, grad)
-        rt = _runtime.get()
-        with rt.lock:
-            slot = SLOTS.get(sig)
-            if slot is None:
-                plan, fresh = rt.resolve(problem, q.device)
-                slot = _store(sig, plan, fresh, q.device)
-                _remember(fam, slot)
+        slot = _new_slot(sig, fam, q, k,
+                         lambda: _problem(q, k, v, kv_lens, causal, align, window, scale, appr, grad))
     return sig, slot
 
 

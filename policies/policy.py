@@ -61,8 +61,8 @@ class Rule:
 HEURISTIC_RULES: Tuple[Rule, ...] = (
     Rule("decode", ("cuda",), lambda p: p.seqlen_q <= DECODE_MAX_SQ,
          ("triton_decode", "sdpa_default"),
-         f"decode (Sq <= {DECODE_MAX_SQ}): split-K decoding reads K/V once per GQA group, skips kv_lens padding "
-         "and keys outside a window, and launches through its cached compiled kernel (host cost of a bare "
+         f"decode (Sq <= {DECODE_MAX_SQ}): split-K decoding reads K/V once per GQA group, skips kv_lens "
+         "padding and keys outside a window, and launches through its cached compiled kernel (host cost of a bare "
          "launch); SDPA needs a materialised mask for kv_lens/windows and its default cuDNN backend builds "
          "a graph per new KV length (35-54 ms each on the H200)"),
     Rule("local-training", ("cuda",), lambda p: p.is_local and p.mode == "fwd_bwd",
