@@ -36,7 +36,8 @@ so that equivalent calls share a key, a plan and the cheapest implementation:
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Tuple
+import operator
+from typing import Any, Literal, Optional, Tuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
@@ -55,6 +56,39 @@ DTYPES = {
     "float64": torch.float64,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+#: a window side at or beyond this admits every key of any sequence that fits in memory: larger sides are
+#: clamped to it (canonicalisation then makes the side unbounded), so no size overflows a kernel's int
+WINDOW_SIDE_MAX = 2**31 - 1
+
+
+def validate_window(window: Any) -> Optional[Tuple[int, int]]:
+    """``window`` as a ``(left, right)`` tuple of Python ints, or None. Each side is an integer (a bool is
+    not), ``-1`` (unbounded) or ``>= 0``; any size is accepted and clamped to :data:`WINDOW_SIDE_MAX`
+    (a side that long covers every key). Anything else — floats (``inf``, ``1.7``), bools, strings,
+    ``None`` sides, other lengths — raises ``ValueError`` naming ``window``.
+
+    >>> validate_window((10**30, 0)), validate_window((-1, 3))
+    ((2147483647, 0), (-1, 3))
+    """
+    if window is None:
+        return None
+    try:
+        if isinstance(window, (str, bytes)) or len(window) != 2:
+            raise TypeError
+        sides = []
+        for x in window:
+            if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
+                raise TypeError
+            sides.append(operator.index(x))
+    except TypeError:
+        raise ValueError(f"window: expected (left, right) integers, -1 for an unbounded side, got {window!r}") \
+            from None
+    left, right = sides
+    if left < -1 or right < -1:
+        raise ValueError(f"window: sides must be >= 0 or -1 (unbounded), got {(left, right)}")
+    return min(left, WINDOW_SIDE_MAX), min(right, WINDOW_SIDE_MAX)
 
 
 def canonical_mask(seqlen_q: int, seqlen_kv: int, kv_lens: bool, causal: bool, align: str,
@@ -308,10 +342,7 @@ def problem_from_tensors(
     if mode is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         mode = "fwd_bwd" if needs_grad else "fwd"
-    if window is not None:
-        window = (int(window[0]), int(window[1]))
-        if window[0] < -1 or window[1] < -1:  # canonical_mask reads -1 as unbounded: refuse the rest here
-            raise ValueError(f"window: sides must be >= 0 or -1 (unbounded), got {window}")
+    window = validate_window(window)  # canonical_mask reads -1 as unbounded: refuse the rest here
     causal, causal_align, window = canonical_mask(q.shape[2], k.shape[2], kv_lens is not None, bool(causal),
                                                   causal_align, window)
     return AttentionProblem(

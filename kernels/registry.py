@@ -6,7 +6,7 @@ Nothing else in attntune branches on variant names; it asks the registry and the
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from attntune.kernels.base import Variant
 from attntune.problem import AttentionProblem
@@ -49,10 +49,21 @@ def env_reasons(variant: Variant) -> List[str]:
     reasons = []
     if os.environ.get("ATTNTUNE_TRITON", "1") == "0" and variant.family == "triton":
         reasons.append("ATTNTUNE_TRITON=0")
-    allow = os.environ.get("ATTNTUNE_VARIANTS", "").strip()
-    if allow and variant.name not in {a.strip() for a in allow.split(",")}:
+    allow = allowed_variants()
+    if allow is not None and variant.name not in allow:
         reasons.append("not in ATTNTUNE_VARIANTS")
     return reasons
+
+
+def allowed_variants() -> Optional[frozenset]:
+    """The registered names ``ATTNTUNE_VARIANTS`` lists, or None (no restriction) when it is unset or names
+    no registered variant — a typo must not silently disable every variant; the runtime warns about
+    unknown names once (:mod:`attntune.policies.config`)."""
+    raw = os.environ.get("ATTNTUNE_VARIANTS", "").strip()
+    if not raw:
+        return None
+    names = frozenset(a.strip() for a in raw.split(",") if a.strip() in _REGISTRY)
+    return names or None
 
 
 def reasons(variant: Variant, problem: AttentionProblem) -> List[str]:

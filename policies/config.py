@@ -15,7 +15,14 @@
                            CPU) for the P50/P95/P99 in ``attntune.stats()``; 0 (default) = off.
 ``ATTNTUNE_ONLINE_TRIALS`` trials per key for the ``online`` policy (default 6).
 ``ATTNTUNE_ONLINE_SECONDS`` wall-time budget per key for the ``online`` policy (default 5).
+``ATTNTUNE_CHECK=1``       validate ``kv_lens`` values on every call (one host sync): a value outside
+                           ``[0, Skv]`` raises ``ValueError`` naming ``kv_lens``. Off, such values are
+                           clamped to ``[0, Skv]`` by every variant and the reference alike.
+``ATTNTUNE_CACHE_TIMEOUT`` seconds a plan resolution waits for a locked cache database (default 0.2):
+                           past it the cache layer is skipped with one warning (heuristic dispatch).
 =========================  =========================================================================
+
+An invalid value of any switch is reported once (a ``RuntimeWarning``) saying what is used instead.
 
 ``ATTNTUNE_CACHE`` / ``ATTNTUNE_SYSTEM_CACHE`` are read by :mod:`attntune.cache.layered` when the index
 is loaded, and ``ATTNTUNE_TRITON`` / ``ATTNTUNE_VARIANTS`` by :func:`attntune.kernels.registry.env_reasons`
@@ -28,37 +35,56 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 LOG = logging.getLogger("attntune")
 
 POLICIES = ("tuned", "heuristic", "fixed", "online")
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
-def _int(name: str, default: Optional[int]) -> Optional[int]:
+def _flag(name: str, warns: List[str]) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw and raw not in _TRUE + _FALSE:
+        warns.append(f"{name}={raw!r} is not 1/0 (true/false, yes/no, on/off); using 0")
+    return raw in _TRUE
+
+
+def _number(name: str, default, warns: List[str], cast=int, minimum=None, unset_note: str = ""):
+    """``cast(os.environ[name])``, else ``default`` with a warning when the value is not a number or is
+    below ``minimum`` (``unset_note`` says what ``default`` means, e.g. "no limit")."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
+    instead = f"using {unset_note or default}"
     try:
-        return int(raw)
+        val = cast(raw)
     except ValueError:
-        LOG.warning("%s=%r is not an integer; ignoring it", name, raw)
+        warns.append(f"{name}={raw!r} is not {'an integer' if cast is int else 'a number'}; {instead}")
         return default
+    if val != val or (minimum is not None and val < minimum):  # NaN, or out of range
+        warns.append(f"{name}={raw!r} must be >= {minimum}; {instead}")
+        return default
+    return val
 
 
-def _float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        LOG.warning("%s=%r is not a number; ignoring it", name, raw)
-        return default
+def _variants(warns: List[str]) -> None:
+    """Report ``ATTNTUNE_VARIANTS`` names no registered variant has (they are ignored, and a list with no
+    known name restricts nothing: :func:`attntune.kernels.registry.allowed_variants`)."""
+    from attntune.kernels import registry  # lazily: the registry imports every variant
+
+    raw = os.environ.get("ATTNTUNE_VARIANTS", "").strip()
+    names = [a.strip() for a in raw.split(",") if a.strip()]
+    unknown = [n for n in names if not registry.exists(n)]
+    if not unknown:
+        return
+    known = sorted(v.name for v in registry.all_variants())
+    rest = [n for n in names if registry.exists(n)]
+    warns.append(f"ATTNTUNE_VARIANTS names unknown variant(s) {', '.join(unknown)} (known: {', '.join(known)}); "
+                 + (f"using {', '.join(rest)}" if rest else "ignoring it: every variant may run"))
 
 
 @dataclass(frozen=True)
@@ -74,6 +100,8 @@ class RuntimeConfig:
     latency_sample: int = 0
     online_trials: int = 6
     online_seconds: float = 5.0
+    check: bool = False
+    cache_timeout: float = 0.2
     #: problems in the policy string that could not be parsed (reported once by the runtime)
     warnings: tuple = ()
 
@@ -95,21 +123,24 @@ class RuntimeConfig:
             policy = "tuned"
         level = os.environ.get("ATTNTUNE_LOG", "").strip().lower() or None
         if level is not None and level not in ("info", "debug", "warning", "error"):
-            warns.append(f"ATTNTUNE_LOG={level!r} is not info/debug; ignoring it")
+            warns.append(f"ATTNTUNE_LOG={level!r} is not info/debug/warning/error; ignoring it")
             level = None
-        max_seqlen = _int("ATTNTUNE_MAX_SEQLEN", None)
-        if max_seqlen is not None and max_seqlen < 0:
-            max_seqlen = None
+        triton = os.environ.get("ATTNTUNE_TRITON", "").strip()
+        if triton not in ("", "0", "1"):
+            warns.append(f"ATTNTUNE_TRITON={triton!r} is not 0 or 1; using 1 (Triton variants may run)")
+        _variants(warns)
         return cls(
-            disabled=_flag("ATTNTUNE_DISABLE"),
+            disabled=_flag("ATTNTUNE_DISABLE", warns),
             policy=policy,
             fixed_variant=fixed,
-            allow_approx=_flag("ATTNTUNE_ALLOW_APPROX"),
-            max_seqlen=max_seqlen,
+            allow_approx=_flag("ATTNTUNE_ALLOW_APPROX", warns),
+            max_seqlen=_number("ATTNTUNE_MAX_SEQLEN", None, warns, minimum=1, unset_note="no limit"),
             log_level=level,
-            latency_sample=max(0, _int("ATTNTUNE_LATENCY_SAMPLE", 0) or 0),
-            online_trials=max(1, _int("ATTNTUNE_ONLINE_TRIALS", 6) or 6),
-            online_seconds=max(0.1, _float("ATTNTUNE_ONLINE_SECONDS", 5.0)),
+            latency_sample=_number("ATTNTUNE_LATENCY_SAMPLE", 0, warns, minimum=0, unset_note="0 (off)"),
+            online_trials=_number("ATTNTUNE_ONLINE_TRIALS", 6, warns, minimum=1),
+            online_seconds=_number("ATTNTUNE_ONLINE_SECONDS", 5.0, warns, cast=float, minimum=0.1),
+            check=_flag("ATTNTUNE_CHECK", warns),
+            cache_timeout=_number("ATTNTUNE_CACHE_TIMEOUT", 0.2, warns, cast=float, minimum=0.0),
             warnings=tuple(warns),
         )
 

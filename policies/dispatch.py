@@ -40,9 +40,11 @@ from torch import Tensor
 from attntune.key import bucket
 from attntune.policies import runtime as _runtime
 from attntune.policies.plan import Plan
+from attntune.policies.policy import fallback_plan
 from attntune.policies.runtime import COUNTS as _COUNTS
 from attntune.policies.runtime import FAMILIES, SLOTS, Slot
-from attntune.problem import DTYPE_NAMES, AttentionProblem, canonical_mask, problem_from_tensors, validate_qkv
+from attntune.problem import (DTYPE_NAMES, AttentionProblem, canonical_mask, problem_from_tensors, validate_qkv,
+                              validate_window)
 
 #: torch's own SDPA, captured when attntune's runtime is imported (before any patch of ours)
 _torch_sdpa = F.scaled_dot_product_attention
@@ -79,7 +81,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     Rows that admit no key return zeros. Invalid inputs raise ``ValueError`` naming the argument.
     """
     if window is not None:
-        window = _window(window)
+        window = validate_window(window)
     if _is_compiling():
         return _compiled(q, k, v, kv_lens, causal, False, window, scale, approx)
     try:
@@ -94,6 +96,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         raise
     if slot is None:
         slot = _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad)
+    if kv_lens is not None and _runtime.CHECK:
+        check_kv_lens(kv_lens, k.shape[2])
     n = slot.calls + 1
     slot.calls = n
     if slot.every and n % slot.every == 0:
@@ -146,18 +150,22 @@ def explain(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, window: Op
     fallback), ``plan.expected_ms``, ``plan.runner_up``, ``plan.reasons``; ``print(plan)`` for a summary.
     Nothing is recorded (no miss, no online tuning); a plan already in use is returned as is."""
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    problem = _problem(q, k, v, kv_lens, causal, "bottom_right", None if window is None else _window(window),
+    problem = _problem(q, k, v, kv_lens, causal, "bottom_right", validate_window(window),
                        scale, approx, grad)
     return _runtime.get().plan_for(problem, q.device, dry=True)
 
 
 # ---- slot creation (first call of a signature) ------------------------------------------------------
-def _window(window) -> Tuple[int, int]:
-    try:
-        left, right = window
-        return (int(left), int(right))
-    except (TypeError, ValueError):
-        raise ValueError(f"window: expected (left, right) with -1 for an unbounded side, got {window!r}") from None
+def check_kv_lens(kv_lens: Tensor, seqlen_kv: int) -> None:
+    """``ATTNTUNE_CHECK=1``: raise ``ValueError`` naming ``kv_lens`` when a value lies outside
+    ``[0, Skv]`` (reads the values: one host sync; skipped while a CUDA graph is being captured, where a
+    sync is not allowed). Without the check such values are clamped to ``[0, Skv]`` everywhere."""
+    if kv_lens.numel() == 0 or (kv_lens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    lo, hi = (int(x) for x in torch.aminmax(kv_lens))
+    if lo < 0 or hi > seqlen_kv:
+        raise ValueError(f"kv_lens: values must lie in [0, {seqlen_kv}] (the key length), got min {lo}, "
+                         f"max {hi} (checked because ATTNTUNE_CHECK=1; unchecked they are clamped)")
 
 
 def _check_scalars(causal, scale) -> None:
@@ -255,7 +263,21 @@ def _new_slot(sig, fam: Optional[tuple], q, k, make_problem) -> Slot:
     return slot
 
 
+def _empty(q, k, v, _problem, _config, _kv_lens) -> Tensor:
+    """The result of a call with nothing to compute: every row admits no key (``Skv == 0``) or there
+    are no rows or no value features — zeros of the output's shape, as the docstring of attention()."""
+    return q.new_zeros((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
 def _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad) -> Slot:
+    if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor) and (
+            0 in q.shape or 0 in k.shape or 0 in v.shape):
+        validate_qkv(q, k, v, kv_lens)
+        if q.shape[3] == 0:
+            raise ValueError("q: head_dim must be >= 1 (the softmax scale 1/sqrt(head_dim) is undefined)")
+        slot = Slot(None, _empty, None, None, 0, q.device)
+        SLOTS[sig] = slot
+        return slot
     fam = _family_sig("attention", q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad)
     return _new_slot(sig, fam, q, k,
                      lambda: _problem(q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad))
@@ -275,8 +297,8 @@ def _dropin_ok(q, k, v, enable_gqa: bool) -> bool:
     _, hk, skv, _ = k.shape
     if k.shape[0] != b or v.shape[0] != b or k.shape[3] != d or v.shape[1] != hk or v.shape[2] != skv:
         return False  # torch broadcasts batch dims; we do not: let torch do it
-    if skv == 0 or hk == 0:
-        return False
+    if 0 in q.shape or 0 in k.shape or 0 in v.shape:
+        return False  # empty batch, heads, lengths or head dims: torch's own result, exactly
     return hq == hk or (bool(enable_gqa) and hq % hk == 0)
 
 
@@ -306,6 +328,16 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens) -> Tensor:
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
         raise error  # not the kernel's fault, and the fallback (eager: O(S^2)) would need more memory
     rt = _runtime.get()
+    if isinstance(error, (ValueError, TypeError)):
+        # Possibly about the arguments (values the signature cannot see), not the variant: the safe
+        # fallback decides. If it refuses them too, the caller gets the error and nothing is quarantined.
+        fb = fallback_plan(slot.problem, plan.key, [], rt.quarantine)
+        try:
+            out = fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens)
+        except Exception:  # noqa: BLE001 — the arguments' fault: the variant's error is the clearer one
+            raise error from None
+        rt.quarantine_plan(plan, error)
+        return out
     fb = rt.quarantine_plan(plan, error)
     with rt.lock:
         new = Slot(fb, fb.impl.run, fb.problem, fb.config, slot.every, slot.device, slot.miss, slot.reported)
@@ -391,6 +423,8 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor], ca
     ``window_left == -2`` means no window; ``approx`` -1/0/1 = environment/no/yes. Returns a
     contiguous ``[B, Hq, Sq, Dv]`` tensor (the layout the fake registration promises)."""
     sig, slot = _op_slot(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, needs_grad)
+    if kv_lens is not None and _runtime.CHECK:
+        check_kv_lens(kv_lens, k.shape[2])
     slot.calls += 1
     return _run_slot(sig, slot, q, k, v, kv_lens).contiguous()
 

@@ -9,11 +9,12 @@ neighbours farther than :data:`MAX_NEAREST_DISTANCE`.
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from attntune.cache import CacheStore, LayeredCache, WinnerRecord
-from attntune.cache.layered import warn_once
+from attntune.cache.layered import user_cache_url, warn_once
 from attntune.key import TuneKey
 from attntune.policies.config import LOG
 
@@ -22,6 +23,8 @@ from attntune.policies.config import LOG
 #: Farther than that the winner's tiling/split choices were made for a different regime; the
 #: heuristic policy is then the more honest answer.
 MAX_NEAREST_DISTANCE = 2.0
+#: after the writable user cache could not be opened, seconds before the next attempt
+USER_RETRY_SECONDS = 5.0
 
 
 class CacheIndex:
@@ -32,34 +35,40 @@ class CacheIndex:
     """
 
     def __init__(self, records: Iterable[WinnerRecord] = (), layers: Optional[LayeredCache] = None,
-                 error: Optional[str] = None):
+                 error: Optional[str] = None, user_url: Optional[str] = None, timeout_s: float = 0.1):
         self.by_id: Dict[str, WinnerRecord] = {}
         self.by_family: Dict[tuple, List[WinnerRecord]] = defaultdict(list)
         self.layers = layers
         self.error = error
+        self.user_url = user_url
+        self.timeout_s = timeout_s
+        self._user: Optional[CacheStore] = None
+        self._user_retry_at = 0.0
         self._lock = threading.Lock()
         for rec in records:
             self.add(rec)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
-    def load(cls) -> "CacheIndex":
-        """Open the default layers (``ATTNTUNE_CACHE`` then the shipped cache) and index their valid
-        rows. Never raises: an unusable cache gives an empty index and one warning (the layered cache
-        warns per broken layer; anything else that goes wrong is reported here, once)."""
+    def load(cls, timeout_s: float = 0.1) -> "CacheIndex":
+        """Open the default layers (``ATTNTUNE_CACHE`` then the shipped cache) read-only, waiting at
+        most ``timeout_s`` for a locked database, and index their valid rows. Never raises: an unusable
+        or locked layer is skipped with one warning (the layered cache warns per layer; anything else
+        that goes wrong is reported here, once) and dispatch uses what is left, down to heuristics."""
+        url = user_cache_url()
         try:
-            layers = LayeredCache.open_default()
+            layers = LayeredCache.open_default(timeout_s=timeout_s, user_readonly=True)
         except Exception as e:  # noqa: BLE001 — a broken cache must never take the application down
             warn_once("index:open", f"tuning cache could not be opened ({type(e).__name__}: {e}); "
                                     "using heuristic dispatch")
-            return cls(error=str(e))
+            return cls(error=str(e), user_url=url, timeout_s=timeout_s)
         try:
             records = layers.valid_records()
         except Exception as e:  # noqa: BLE001
             warn_once("index:read", f"tuning cache could not be read ({type(e).__name__}: {e}); "
                                     "using heuristic dispatch")
-            return cls(layers=layers, error=str(e))
-        idx = cls(records, layers=layers)
+            return cls(layers=layers, error=str(e), user_url=url, timeout_s=timeout_s)
+        idx = cls(records, layers=layers, user_url=url, timeout_s=timeout_s)
         LOG.debug("cache index: %d valid rows from %s", len(idx.by_id),
                   ", ".join(f"{label}={st.url}" for label, st in layers.layers) or "no layer")
         return idx
@@ -76,7 +85,21 @@ class CacheIndex:
 
     @property
     def user(self) -> Optional[CacheStore]:
-        return self.layers.user if self.layers is not None else None
+        """The writable user cache (misses, online tuning), opened on first need with the short
+        timeout; after a failure (locked, read-only, broken) retried no sooner than
+        :data:`USER_RETRY_SECONDS` later, so a lock that goes away loses nothing. Called off the hot
+        path (the miss flusher) or by the online policy, which tunes on the call path by design."""
+        if self._user is not None or self.user_url is None:
+            return self._user
+        now = time.monotonic()
+        with self._lock:
+            if self._user is None and now >= self._user_retry_at:
+                try:
+                    self._user = CacheStore(self.user_url, timeout_s=self.timeout_s, lock_attempts=1)
+                except Exception as e:  # noqa: BLE001 — the reading side has already warned if it is broken
+                    LOG.debug("user cache %s not writable now: %s", self.user_url, e)
+                    self._user_retry_at = now + USER_RETRY_SECONDS
+        return self._user
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -100,27 +123,31 @@ class CacheIndex:
         return out
 
     # ---- misses -----------------------------------------------------------------------------------
-    def flush_misses(self, pending: Dict[str, Tuple[TuneKey, int]]) -> None:
-        """Write pending miss counts to the user cache and clear them. Silent when there is no writable
-        cache (the broken cache has already warned once); a failing write is logged, not raised."""
-        if not pending:
-            return
+    def flush_misses(self, pending: Dict[str, Tuple[TuneKey, int]]) -> Dict[str, Tuple[TuneKey, int]]:
+        """Write ``pending`` miss counts to the user cache; return what could not be written (the
+        caller keeps it for the next flush: nothing is lost while a lock is held elsewhere). Never
+        raises; waits at most the short timeout per statement."""
+        left = dict(pending)
+        if not left:
+            return left
         store = self.user
         if store is None:
-            pending.clear()
-            return
-        items = list(pending.items())
-        pending.clear()
-        for _kid, (key, count) in items:
+            return left
+        for kid, (key, count) in list(left.items()):
             try:
                 store.record_miss(key, count)
             except Exception as e:  # noqa: BLE001 — read-only FS, locked DB, …: telemetry, not a failure
                 LOG.debug("could not record a miss in %s: %s", store.url, e)
-                return
+                return left
+            del left[kid]
+        return left
 
     def close(self) -> None:
-        if self.layers is not None:
+        for closer in ((self.layers.close if self.layers is not None else None),
+                       (self._user.dispose if self._user is not None else None)):
+            if closer is None:
+                continue
             try:
-                self.layers.close()
+                closer()
             except Exception:  # noqa: BLE001
                 pass

@@ -78,6 +78,8 @@ SLOTS: Dict[tuple, Slot] = {}
 FAMILIES: Dict[tuple, Slot] = {}
 #: seconds between background writes of misses (the first write happens this long after the first miss)
 MISS_FLUSH_SECONDS = 5.0
+#: ``ATTNTUNE_CHECK`` of the current runtime (a module global: the hot path reads it without a call)
+CHECK = False
 #: calls with no slot: drop-in calls with a mask or dropout, handed to torch before any look-up
 COUNTS: Dict[str, int] = {"passthrough": 0}
 
@@ -103,7 +105,9 @@ class Runtime:
     """Everything one process has decided. Replaced wholesale by :func:`reset`."""
 
     def __init__(self) -> None:
+        global CHECK
         self.config = RuntimeConfig.from_env()
+        CHECK = self.config.check
         self.config.apply_logging()
         self._warned: Set[str] = set()
         for w in self.config.warnings:
@@ -134,7 +138,7 @@ class Runtime:
         if self._index is None:
             with self.lock:
                 if self._index is None:
-                    self._index = CacheIndex.load()
+                    self._index = CacheIndex.load(self.config.cache_timeout)
         return self._index
 
     # ---- plans ------------------------------------------------------------------------------------
@@ -233,7 +237,11 @@ class Runtime:
                 return
             pending, self.pending = self.pending, {}
             index = self._index
-        index.flush_misses(pending)
+        left = index.flush_misses(pending)
+        if left:  # the cache is locked or unwritable now: keep the counts for the next flush
+            with self.lock:
+                for key, n in left.values():
+                    self._add_pending(key, n)
 
     def _start_flusher(self) -> None:
         """Start the background miss writer once (a daemon thread; stopped by close())."""

@@ -554,3 +554,27 @@ def test_gpu_dispatched_decode_step_captured_in_a_graph():
                                   dtype=torch.float32)
         assert_close(out, ref, "bfloat16")
     attntune.reset()
+
+
+@pytest.mark.gpu
+def test_gpu_decode_under_compiled_cudagraph_trees():
+    """torch.compile(mode="reduce-overhead") — what transformers' compiled static-cache generation uses —
+    warms up on a side stream with allocations routed to the CUDA-graph pool, then records. A partials
+    buffer kept from the warm-up would be a live pool allocation the graph tree refuses ("tensor(s) in the
+    cudagraph pool not tracked as outputs"); the decode launcher keeps buffers only on default streams."""
+    import attntune
+
+    attntune.reset()
+    torch._dynamo.reset()
+    q, k, v = rand_qkv(2, 32, 8, 1, 8192, 64, dtype=torch.bfloat16, device="cuda", seed=11)
+    lens = torch.tensor([8192, 3001], dtype=torch.int32, device="cuda")  # many splits: partials are used
+    step = torch.compile(lambda q, k, v, lens: attntune.attention(q, k, v, kv_lens=lens) * 1.0,
+                         mode="reduce-overhead", fullgraph=True)
+    for new in ([8192, 3001], [17, 8000], [4096, 4097], [1, 2]):  # warm-up, record, then replays
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out = step(q, k, v, lens).clone()
+        torch.cuda.synchronize()
+        ref = reference_attention(q, k, v, problem_of(q, k, False, True), lens, dtype=torch.float32)
+        assert_close(out, ref, "bfloat16")
+    torch._dynamo.reset()
+    attntune.reset()

@@ -8,7 +8,7 @@ import sys
 import sysconfig
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from attntune.cache.models import CachedRow, judge
 from attntune.cache.store import CacheStore
@@ -21,6 +21,15 @@ def warn_once(tag: str, msg: str) -> None:
         return
     _WARNED.add(tag)
     warnings.warn(f"attntune: {msg}", RuntimeWarning, stacklevel=3)
+
+
+def _missing_file(url: str) -> bool:
+    """True when ``url`` names an SQLite file (or a plain path) that does not exist yet."""
+    if "://" in url:
+        if not url.startswith("sqlite:///"):
+            return False
+        url = url[len("sqlite:///"):]
+    return url not in ("", ":memory:") and not Path(url).expanduser().exists()
 
 
 def user_cache_url() -> str:
@@ -55,33 +64,60 @@ def shipped_cache_candidates() -> List[Path]:
     return out
 
 
-def open_store(url: str, readonly: bool, label: str) -> Optional[CacheStore]:
+class LayerFailure(NamedTuple):
+    """A configured cache layer that could not be opened or read, and why (for ``doctor`` and warnings)."""
+
+    label: str
+    url: str
+    reason: str
+
+
+def open_store(url: str, readonly: bool, label: str, timeout_s: Optional[float] = None,
+               failures: Optional[List[LayerFailure]] = None) -> Optional[CacheStore]:
+    """``CacheStore(url)``, or None with one warning (and a :class:`LayerFailure` appended to
+    ``failures``) when it cannot be used. ``timeout_s`` (None: the store's long default) bounds the
+    wait for a locked database; with a short one, the WAL switch is tried once."""
+    kw = {} if timeout_s is None else {"timeout_s": timeout_s, "lock_attempts": 1}
     try:
-        return CacheStore(url, readonly=readonly)
+        return CacheStore(url, readonly=readonly, **kw)
     except Exception as e:  # noqa: BLE001 — includes CacheError, sqlite DatabaseError, driver errors
-        warn_once(f"open:{url}", f"{label} cache {url} is unusable ({e}); ignoring it")
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if failures is not None:
+            failures.append(LayerFailure(label, str(url), reason))
+        warn_once(f"open:{url}", f"{label} cache {url} is unusable ({reason}); ignoring it")
         return None
 
 
 class LayeredCache:
-    """Ordered layers ``[(label, store)]``; earlier layers win for the same key."""
+    """Ordered layers ``[(label, store)]``; earlier layers win for the same key. ``failures`` lists the
+    configured layers that could not be opened (or, once read, could not be read): they are skipped,
+    never fatal."""
 
-    def __init__(self, layers: List[Tuple[str, CacheStore]]):
+    def __init__(self, layers: List[Tuple[str, CacheStore]], failures: Optional[List[LayerFailure]] = None):
         self.layers = layers
+        self.failures: List[LayerFailure] = list(failures or [])
 
     @classmethod
-    def open_default(cls, user_url: Optional[str] = None, system: bool = True) -> "LayeredCache":
+    def open_default(cls, user_url: Optional[str] = None, system: bool = True, timeout_s: Optional[float] = None,
+                     user_readonly: bool = False) -> "LayeredCache":
+        """The user cache (``user_url`` or :func:`user_cache_url`), then the shipped system cache.
+
+        ``user_readonly``: open the user cache read-only and only if it exists (the runtime reads it
+        this way; it writes misses through a store of its own, off the hot path). ``timeout_s``: see
+        :func:`open_store`."""
         layers: List[Tuple[str, CacheStore]] = []
+        failures: List[LayerFailure] = []
         url = user_url or user_cache_url()
-        st = open_store(url, readonly=False, label="user")
-        if st is not None:
-            layers.append(("user", st))
+        if not (user_readonly and _missing_file(url)):
+            st = open_store(url, readonly=user_readonly, label="user", timeout_s=timeout_s, failures=failures)
+            if st is not None:
+                layers.append(("user", st))
         sys_path = system_cache_path() if system else None
         if sys_path is not None:
-            st = open_store(str(sys_path), readonly=True, label="system")
+            st = open_store(str(sys_path), readonly=True, label="system", timeout_s=timeout_s, failures=failures)
             if st is not None:
                 layers.append(("system", st))
-        return cls(layers)
+        return cls(layers, failures)
 
     @property
     def user(self) -> Optional[CacheStore]:
@@ -94,8 +130,11 @@ class LayeredCache:
     def _raw(self, label: str, st: CacheStore) -> List[dict]:
         try:
             return st.raw_winners()
-        except Exception as e:  # noqa: BLE001 — corrupted pages, dropped connection, …
-            warn_once(f"read:{st.url}", f"{label} cache {st.url} could not be read ({e}); ignoring it")
+        except Exception as e:  # noqa: BLE001 — corrupted pages, a dropped table, a lock, …
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if not any(f.url == st.url for f in self.failures):
+                self.failures.append(LayerFailure(label, st.url, f"cannot be read: {reason}"))
+            warn_once(f"read:{st.url}", f"{label} cache {st.url} could not be read ({reason}); ignoring it")
             return []
 
     def all_rows(self) -> List[CachedRow]:

@@ -91,8 +91,21 @@ def row_to_record(row: Dict[str, Any]) -> WinnerRecord:
         fingerprint=SoftwareFingerprint.model_validate_json(row["fingerprint_json"]),
         trials=row.get("trials") or 0,
         tuning_seconds=row.get("tuning_seconds") or 0.0,
-        created_at=row["created_at"],
+        created_at=_timestamp(row["created_at"]),
     )
+
+
+def _timestamp(value: Any) -> datetime:
+    """A stored ``created_at``: a datetime (typed drivers) or SQLite's ISO text. Anything else — an
+    integer, ``'garbage'`` — makes the row malformed (pydantic would read an int as a Unix time)."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"created_at: not an ISO timestamp: {value[:40]!r}") from None
+    raise ValueError(f"created_at: expected a timestamp, got {type(value).__name__} {value!r}")
 
 
 def record_to_row(rec: WinnerRecord) -> Dict[str, Any]:
@@ -122,6 +135,17 @@ def record_to_row(rec: WinnerRecord) -> Dict[str, Any]:
     }
 
 
+def _first_error(e: BaseException) -> str:
+    """One line naming the bad field: pydantic's first error with its location, else the message."""
+    if isinstance(e, ValidationError) and e.errors():
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ())) or e.title
+        return f"{e.title}.{loc}: {err.get('msg', '')}"
+    if isinstance(e, KeyError):
+        return f"missing column {e.args[0]!r}" if e.args else "missing column"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def judge(raw: Dict[str, Any], origin: str) -> CachedRow:
     """Validate one raw row: parse it, check the variant exists, its config is inside the variant's
     declared space, its key matches its id, and its fingerprint matches the running software.
@@ -131,8 +155,8 @@ def judge(raw: Dict[str, Any], origin: str) -> CachedRow:
     key_id = str(raw.get("key_id", "?"))
     try:
         rec = row_to_record(raw)
-    except (ValidationError, ValueError, TypeError, KeyError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except (ValidationError, ValueError, TypeError, KeyError, AttributeError) as e:
+        msg = _first_error(e)
         return CachedRow(key_id=key_id, origin=origin, status="rejected", reasons=[f"malformed row: {msg}"])
     if rec.key_id != key_id:
         return CachedRow(key_id=key_id, origin=origin, status="rejected",

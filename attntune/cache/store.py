@@ -7,23 +7,32 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from sqlalchemy import create_engine, delete, event, func, inspect, select, text, update
+from sqlalchemy import create_engine, delete, event, func, inspect, select, text, type_coerce, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.types import NullType
 
 from attntune.cache.models import WinnerRecord, record_to_row, utcnow
 from attntune.cache.retry import retry_locked
 from attntune.cache.schema import SCHEMA_VERSION, Base, Claim, Meta, Miss, Trial, Winner
 from attntune.key import TuneKey
 
+#: how long the CLI and the tuner wait for a locked SQLite cache (the runtime waits far less:
+#: ``ATTNTUNE_CACHE_TIMEOUT``, see :mod:`attntune.policies.config`)
 BUSY_TIMEOUT_MS = 30_000
 SCHEMA_LOCK_KEY = 0x617474756E65  # PostgreSQL advisory lock id of schema creation ("attune")
+
+
+def _raw_col(col):
+    """``col`` selected under its own name without its type's result conversion."""
+    return type_coerce(col, NullType()).label(col.name)
 
 
 class CacheError(RuntimeError):
@@ -53,43 +62,97 @@ def _upsert_stmt(dialect: str, table, values: Dict[str, Any], force: bool):
     return stmt.on_conflict_do_update(index_elements=["key_id"], set_=cols, where=where)
 
 
-class CacheStore:
-    """A tuning cache at ``url`` (path or SQLAlchemy URL). ``readonly`` stores never write or migrate."""
+def _writable_path(path: Path) -> Optional[str]:
+    """Why a writable SQLite cache cannot live at ``path`` (None when it can): the file or its directory
+    is read-only (a WAL database also creates ``-wal``/``-shm`` files next to it), or it is a directory."""
+    if path.is_dir():
+        return "is a directory, not a cache file"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        return f"directory {parent} is not writable"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "file is read-only"
+    return None
 
-    def __init__(self, url: str | os.PathLike, readonly: bool = False, create: bool = True):
+
+def _sqlite_ro_urls(path: str) -> List[str]:
+    """How to open an existing SQLite file read-only, in order: ``mode=ro`` (sees a WAL's latest
+    commits; needs the ``-shm`` file, which SQLite creates where the directory is writable), then
+    ``immutable=1`` (no locks, no ``-shm``: for a file on a read-only path, as a shipped cache; the
+    content of a ``-wal`` file that was never checkpointed is not seen)."""
+    quoted = urllib.parse.quote(path)
+    return [f"file:{quoted}?mode=ro", f"file:{quoted}?mode=ro&immutable=1"]
+
+
+class CacheStore:
+    """A tuning cache at ``url`` (path or SQLAlchemy URL). ``readonly`` stores never write or migrate.
+
+    ``timeout_s``: how long a statement waits for another process's lock (SQLite's busy timeout) and,
+    with ``lock_attempts``, how often a connection retries switching the file into WAL. The CLI and the
+    tuner wait long (they write); the runtime opens its caches with a short timeout so that a locked
+    cache never stalls a model (it is skipped with one warning). Raises :class:`CacheError` when the
+    database cannot be used; never leaves a half-open engine behind."""
+
+    def __init__(self, url: str | os.PathLike, readonly: bool = False, create: bool = True,
+                 timeout_s: float = BUSY_TIMEOUT_MS / 1000, lock_attempts: int = 8):
         self.url = normalize_url(url)
         self.readonly = readonly
-        u = make_url(self.url)
-        self.dialect = u.get_backend_name()
+        self.timeout_s = max(0.0, float(timeout_s))
+        self.lock_attempts = max(1, lock_attempts)
+        try:
+            u = make_url(self.url)
+            self.dialect = u.get_backend_name()
+        except Exception as e:  # noqa: BLE001 — "nosuchdialect://x", malformed URLs
+            raise CacheError(f"{self.url}: not a database URL ({type(e).__name__}: {e})") from None
         kwargs: Dict[str, Any] = {}
+        urls = [u]
         if self.dialect == "sqlite":
             path = u.database
             if path and path != ":memory:":
-                if readonly and not Path(path).exists():
-                    raise CacheError(f"{path}: no such cache file")
-                if not readonly:
-                    Path(path).parent.mkdir(parents=True, exist_ok=True)
                 if readonly:
-                    u = u.set(database=f"file:{path}?mode=ro", query={"uri": "true"})
-            kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
+                    if Path(path).is_dir():
+                        raise CacheError(f"{path}: is a directory, not a cache file")
+                    if not Path(path).exists():
+                        raise CacheError(f"{path}: no such cache file")
+                    urls = [u.set(database=ro, query={"uri": "true"}) for ro in _sqlite_ro_urls(path)]
+                else:
+                    why = _writable_path(Path(path))
+                    if why:
+                        raise CacheError(f"{path}: cannot be written ({why}); a read-only cache can only "
+                                         "be read (e.g. as ATTNTUNE_SYSTEM_CACHE)")
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"timeout": self.timeout_s, "check_same_thread": False}
         else:
             kwargs["pool_pre_ping"] = True
-        self.engine: Engine = create_engine(u, **kwargs)
-        if self.dialect == "sqlite":
-            event.listen(self.engine, "connect", self._sqlite_pragmas)
-        self._session = sessionmaker(self.engine, expire_on_commit=False)
-        self._check_schema(create and not readonly)
+        for i, target in enumerate(urls):
+            try:
+                self.engine: Engine = create_engine(target, **kwargs)
+            except Exception as e:  # noqa: BLE001 — a missing driver (psycopg), bad arguments
+                raise CacheError(f"{self.url}: cannot open ({type(e).__name__}: {str(e).splitlines()[0]})") \
+                    from None
+            if self.dialect == "sqlite":
+                event.listen(self.engine, "connect", self._sqlite_pragmas)
+            self._session = sessionmaker(self.engine, expire_on_commit=False)
+            try:
+                self._check_schema(create and not readonly)
+                return
+            except CacheError:
+                self.engine.dispose()
+                if i == len(urls) - 1:
+                    raise
 
     # ---- setup ----------------------------------------------------------------------------------
     def _sqlite_pragmas(self, dbapi_conn, _record) -> None:
         cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute(f"PRAGMA busy_timeout={int(self.timeout_s * 1000)}")
         if not self.readonly:
             # WAL: readers never block the writer, so dispatching processes can read while tuning.
             # Switching a fresh file into WAL needs an exclusive lock and SQLite answers "database is
             # locked" at once (the busy handler is not consulted) while a neighbour does the same, as
             # fleet workers opening one new cache do.
-            retry_locked(cur.execute, "PRAGMA journal_mode=WAL")
+            retry_locked(cur.execute, "PRAGMA journal_mode=WAL", attempts=self.lock_attempts)
             cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
 
@@ -188,11 +251,14 @@ class CacheStore:
 
     def _winner_select(self):
         """SELECT of the winners columns this database has: a read-only cache of an older schema
-        (which cannot be migrated) is read without the columns added since."""
+        (which cannot be migrated) is read without the columns added since. Values come back as the
+        driver gives them (no SQLAlchemy type conversion): one malformed field (a ``created_at`` of
+        ``'garbage'``) would otherwise fail the whole query; :func:`attntune.cache.models.judge`
+        rejects that row alone."""
         if getattr(self, "_winner_cols", None) is None:
             have = {c["name"] for c in inspect(self.engine).get_columns("winners")}
             self._winner_cols = [c for c in Winner.__table__.c if c.name in have]
-        return select(*self._winner_cols)
+        return select(*[_raw_col(c) for c in self._winner_cols])
 
     def raw_winners(self) -> List[Dict[str, Any]]:
         with self.session() as s:
@@ -253,8 +319,10 @@ class CacheStore:
                 s.commit()
 
     def misses(self) -> List[Dict[str, Any]]:
+        """Raw miss rows, most counted first (values unconverted, as :meth:`raw_winners`)."""
         with self.session() as s:
-            rows = s.execute(select(Miss.__table__).order_by(Miss.count.desc())).mappings().all()
+            rows = s.execute(select(*[_raw_col(c) for c in Miss.__table__.c])
+                             .order_by(Miss.count.desc())).mappings().all()
         return [dict(r) for r in rows]
 
     def clear_misses(self, key_ids: List[str]) -> None:

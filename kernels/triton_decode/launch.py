@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 import threading
 from dataclasses import dataclass
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -19,7 +18,7 @@ import torch
 
 from attntune.kernels.triton_decode.jit import decode_reduce_kernel, decode_split_kernel
 from attntune.kernels.triton_launch import FastKernel
-from attntune.problem import canonical_mask
+from attntune.problem import canonical_mask, validate_window
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
@@ -238,19 +237,9 @@ def plan_launch(B: int, Hq: int, Sq: int, D: int, Hkv: int, S_max: int, Dv: int,
 
 def check_window(window) -> Optional[Tuple[int, int]]:
     """``window`` as a ``(left, right)`` tuple of ints (hashable, for the plan cache), or None; raise
-    ``ValueError`` naming ``window`` unless it is a pair of integers >= -1."""
-    if window is None:
-        return None
-    try:
-        if isinstance(window, (str, bytes)) or len(window) != 2 or any(isinstance(x, bool) for x in window):
-            raise TypeError
-        left, right = (operator.index(x) for x in window)
-    except TypeError:
-        raise ValueError(f"window: expected (left, right) integers >= -1 (-1 = unbounded), got {window!r}") \
-            from None
-    if left < -1 or right < -1:
-        raise ValueError(f"window: sides must be >= 0 or -1 (unbounded), got {(left, right)}")
-    return left, right
+    ``ValueError`` naming ``window`` unless it is a pair of integers >= -1 (the core's rule,
+    :func:`attntune.problem.validate_window`)."""
+    return validate_window(window)
 
 
 def check_decode_args(q, k_cache, v_cache, kv_lens, max_seqlen_q: int = 16) -> None:
@@ -294,21 +283,25 @@ def check_decode_args(q, k_cache, v_cache, kv_lens, max_seqlen_q: int = 16) -> N
 #: the two kernels, launched through their cached CompiledKernels (:mod:`attntune.kernels.triton_launch`)
 _SPLIT = FastKernel(decode_split_kernel)
 _REDUCE = FastKernel(decode_reduce_kernel)
-#: split partials, one float32 buffer per (device, stream, thread), reused by the eager calls made there:
-#: calls on one stream run in order, so the next call's partials never overwrite ones still being read
-#: (one allocation fewer per call: 4 µs of host time on the H200 host). Never used while a CUDA graph is
-#: being captured (the graph then owns a buffer from its own pool); buffers above
-#: ``WORKSPACE_CACHE_BYTES`` are allocated per call.
-_WORKSPACE: Dict[Tuple[int, int, int], torch.Tensor] = {}
+#: split partials, one float32 buffer per (device, thread), reused by the eager calls made on the device's
+#: default stream: calls on one stream run in order, so the next call's partials never overwrite ones still
+#: being read (one allocation fewer per call: 4 µs of host time on the H200 host). Allocated per call
+#: instead (a) while a CUDA graph is being captured (the graph owns a buffer from its own pool), (b) on any
+#: other stream — torch.compile's CUDA-graph trees run their warm-up on a side stream with allocations routed
+#: to the graph pool, and a buffer kept from there is a live pool allocation the tree rejects ("tensor(s) in
+#: the cudagraph pool not tracked as outputs"), and (c) above ``WORKSPACE_CACHE_BYTES``.
+_WORKSPACE: Dict[Tuple[int, int], torch.Tensor] = {}
+#: raw handles of CUDA's default streams: the legacy one (0) and the per-thread one (2)
+_DEFAULT_STREAMS = (0, 2)
 WORKSPACE_CACHE_BYTES = 64 << 20
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _workspace(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
     if dev_idx < 0 or _raw_stream is None or n * 4 > WORKSPACE_CACHE_BYTES \
-            or torch.cuda.is_current_stream_capturing():
+            or _raw_stream(dev_idx) not in _DEFAULT_STREAMS or torch.cuda.is_current_stream_capturing():
         return torch.empty(n, device=device, dtype=torch.float32)
-    key = (dev_idx, _raw_stream(dev_idx), threading.get_ident())
+    key = (dev_idx, threading.get_ident())
     ws = _WORKSPACE.get(key)
     if ws is None or ws.numel() < n:
         ws = torch.empty(n, device=device, dtype=torch.float32)
