@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Optional
 
 from sqlalchemy import delete, select, update
@@ -78,7 +78,46 @@ def _clear_old_done(store: CacheStore, key_id: str, run_start: datetime) -> None
 
 def try_claim(store: CacheStore, key_id: str, owner: str, ttl_s: float, run_start: datetime) -> bool:
     _clear_old_done(store, key_id, run_start)
-    return bool(retry_locked(store.claim, key_id, owner, ttl_s))
+    if retry_locked(store.claim, key_id, owner, ttl_s):
+        return True
+    st = claim_state(store, key_id)
+    if st is not None and not st["done"] and owner_is_dead(st["owner"]):
+        return _take_over(store, key_id, st["owner"], owner, ttl_s)
+    return False
+
+
+def owner_is_dead(claim_owner: str) -> bool:
+    """True when ``claim_owner`` (``host:pid:worker``) is a process of *this* host that no longer runs
+    (a SIGKILLed tuner): its claim can be taken at once instead of waiting for the TTL. A process of
+    another host, an unparsable owner or a live pid (including one reused by another program, or one we
+    may not signal) counts as alive."""
+    host, _, rest = str(claim_owner).rpartition(":")
+    host, _, pid = host.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OSError):
+        return False
+    return False
+
+
+def _take_over(store: CacheStore, key_id: str, dead: str, owner: str, ttl_s: float) -> bool:
+    """Move the dead owner's live claim to ``owner`` (atomic: only if ``dead`` still holds it)."""
+
+    def take():
+        with store.session() as s:
+            n = s.execute(
+                update(Claim)
+                .where(Claim.key_id == key_id, Claim.owner == dead, Claim.done == 0)
+                .values(owner=owner, expires_at=utcnow() + timedelta(seconds=ttl_s))
+            ).rowcount
+            s.commit()
+        return n == 1
+
+    return bool(retry_locked(take))
 
 
 class Heartbeat:

@@ -125,6 +125,7 @@ def run_worker(
     owner = claims.owner_id(worker)
     results: Dict[str, KeyResult] = {}
     pending = list(keys)
+    told: set = set()
     try:
         while pending:
             waiting = False
@@ -156,6 +157,11 @@ def run_worker(
                         emit({"type": "key_skipped", "key_id": kid, "key": key.short(), "worker": worker})
                     elif wait_for_others:
                         waiting = True
+                        if kid not in told:  # say once what this worker waits for, and until when
+                            told.add(kid)
+                            emit({"type": "key_waiting", "key_id": kid, "key": key.short(), "worker": worker,
+                                  "owner": st["owner"] if st else "?",
+                                  "until": str(st["expires_at"]) if st else "?"})
                     else:
                         results[kid] = KeyResult(
                             key=key, status="unfinished", reason="claimed by another worker"

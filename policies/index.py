@@ -9,7 +9,6 @@ neighbours farther than :data:`MAX_NEAREST_DISTANCE`.
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -23,8 +22,6 @@ from attntune.policies.config import LOG
 #: Farther than that the winner's tiling/split choices were made for a different regime; the
 #: heuristic policy is then the more honest answer.
 MAX_NEAREST_DISTANCE = 2.0
-#: after the writable user cache could not be opened, seconds before the next attempt
-USER_RETRY_SECONDS = 5.0
 
 
 class CacheIndex:
@@ -43,7 +40,6 @@ class CacheIndex:
         self.user_url = user_url
         self.timeout_s = timeout_s
         self._user: Optional[CacheStore] = None
-        self._user_retry_at = 0.0
         self._lock = threading.Lock()
         for rec in records:
             self.add(rec)
@@ -86,19 +82,17 @@ class CacheIndex:
     @property
     def user(self) -> Optional[CacheStore]:
         """The writable user cache (misses, online tuning), opened on first need with the short
-        timeout; after a failure (locked, read-only, broken) retried no sooner than
-        :data:`USER_RETRY_SECONDS` later, so a lock that goes away loses nothing. Called off the hot
-        path (the miss flusher) or by the online policy, which tunes on the call path by design."""
+        timeout; after a failure (locked, read-only, broken) tried again at the next need, so a lock
+        that goes away loses nothing. Needed off the hot path (the miss flusher, every few seconds) or
+        by the online policy, which tunes on the call path by design."""
         if self._user is not None or self.user_url is None:
             return self._user
-        now = time.monotonic()
         with self._lock:
-            if self._user is None and now >= self._user_retry_at:
+            if self._user is None:
                 try:
                     self._user = CacheStore(self.user_url, timeout_s=self.timeout_s, lock_attempts=1)
                 except Exception as e:  # noqa: BLE001 — the reading side has already warned if it is broken
                     LOG.debug("user cache %s not writable now: %s", self.user_url, e)
-                    self._user_retry_at = now + USER_RETRY_SECONDS
         return self._user
 
     def __len__(self) -> int:

@@ -138,9 +138,13 @@ class CacheStore:
             try:
                 self._check_schema(create and not readonly)
                 return
-            except CacheError:
+            except CacheError as e:
                 self.engine.dispose()
-                if i == len(urls) - 1:
+                # Only a file SQLite cannot open read-only the usual way (a WAL file whose -shm cannot
+                # be created: a read-only directory) is read immutable. Not on any other error: an
+                # immutable read ignores the -wal file (a stale view) and any lock (a writer now could
+                # show it torn pages).
+                if i == len(urls) - 1 or "unable to open" not in str(e):
                     raise
 
     # ---- setup ----------------------------------------------------------------------------------
