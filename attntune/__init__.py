@@ -1,24 +1,27 @@
 """attntune — the fastest correct attention for every call, chosen by measurement.
 
-The runtime API (``attention``, ``scaled_dot_product_attention``, ``dispatch``, ``enable``/``disable``,
-``explain``, ``plan``, ``stats``, ``metrics_text``, ``reset``) and the Hugging Face backend (``hf``) are
-imported on first use, so ``import attntune`` stays cheap and never imports the tuner (optuna).
+Everything but ``__version__`` is imported on first use: the problem model (``AttentionProblem``,
+``problem_from_tensors``), the runtime API (``attention``, ``scaled_dot_product_attention``,
+``dispatch``, ``enable``/``disable``, ``explain``, ``plan``, ``stats``, ``metrics_text``, ``reset``) and
+the Hugging Face backend (``hf``). So ``import attntune`` never imports the tuner (optuna), and the
+``attntune`` command can print ``--help``/``--version`` without importing torch (seconds on a cold disk).
 """
 
 from attntune._version import __version__
-from attntune.problem import AttentionProblem, problem_from_tensors
 
 _API = ("attention", "scaled_dot_product_attention", "dispatch", "enable", "disable", "is_enabled", "explain",
         "plan", "Plan", "stats", "metrics_text", "reset")
+_PROBLEM = ("AttentionProblem", "problem_from_tensors")
 
-__all__ = ["__version__", "AttentionProblem", "problem_from_tensors", *_API, "hf"]
+__all__ = ["__version__", *_PROBLEM, *_API, "hf"]
 
 
 def __getattr__(name: str):
-    if name in _API:
-        from attntune import api
+    if name in _API or name in _PROBLEM:
+        import importlib
 
-        value = getattr(api, name)
+        module = importlib.import_module("attntune.api" if name in _API else "attntune.problem")
+        value = getattr(module, name)
         globals()[name] = value  # later look-ups are plain module attributes (the hot path's cost)
         return value
     if name == "hf":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from collections import defaultdict
 from datetime import datetime
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -17,15 +18,36 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from attntune.cache import CachedRow, WinnerRecord
 
 
-def _matplotlib():
+def _matplotlib_or_none():
+    """``matplotlib.pyplot`` on the Agg backend, or None when matplotlib is not installed (it is the
+    optional ``plots`` extra)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - exercised only without the plots extra
-        raise RuntimeError("attntune report needs matplotlib: pip install 'attntune[plots]'") from e
+    except ImportError:
+        return None
     return plt
+
+
+def plots_available() -> bool:
+    """Whether the heatmaps can be drawn (matplotlib importable)."""
+    return _matplotlib_or_none() is not None
+
+
+def _matplotlib():
+    plt = _matplotlib_or_none()
+    if plt is None:
+        raise RuntimeError("attntune's heatmaps need matplotlib: pip install 'attntune[plots]'")
+    return plt
+
+
+def natural_key(label: str) -> List:
+    """Sort key comparing the numbers inside a label as numbers: ``1x512`` < ``128x128`` < ``512x512``
+    and ``D64`` < ``D128`` (as text, ``128x128`` < ``1x512`` and ``D128`` < ``D64``). Split on digit
+    runs, text and numbers alternate at the same positions, so two keys always compare like with like."""
+    return [int(tok) if tok.isdigit() else tok for tok in re.split(r"(\d+)", label)]
 
 
 def _family_label(rec: WinnerRecord) -> str:
@@ -42,14 +64,13 @@ def _family_label(rec: WinnerRecord) -> str:
 
 
 def _grid(records: Sequence[WinnerRecord]) -> Tuple[List[str], List[str], Dict[Tuple[str, str], WinnerRecord]]:
+    """Heatmap rows (key families) and columns (``Sq x Skv`` buckets), both in numeric order, and the
+    record of each cell."""
     cells: Dict[Tuple[str, str], WinnerRecord] = {}
-    cols_sort = {}
     for r in records:
-        col = f"{r.key.seqlen_q}x{r.key.seqlen_kv}"
-        cols_sort[col] = (r.key.seqlen_kv, r.key.seqlen_q)
-        cells[(_family_label(r), col)] = r
-    rows = sorted({f for f, _ in cells})
-    cols = sorted(cols_sort, key=cols_sort.get)
+        cells[(_family_label(r), f"{r.key.seqlen_q}x{r.key.seqlen_kv}")] = r
+    rows = sorted({f for f, _ in cells}, key=natural_key)
+    cols = sorted({c for _, c in cells}, key=natural_key)
     return rows, cols, cells
 
 
@@ -194,13 +215,18 @@ def render_report(rows: Sequence[CachedRow], title: str = "attntune report", sou
                  + (f"Geometric-mean speedup over SDPA default: <b>{geo:.3f}x</b> over {len(sp)} keys. " if geo else "")
                  + f"Generated {datetime.now().isoformat(timespec='seconds')}"
                  + (f" from {_esc(', '.join(sources))}" if sources else "") + ".</p>")
+    plots = plots_available()
+    if valid and not plots:
+        parts.append("<p class='summary'>No heatmaps: they need matplotlib "
+                     "(<code>pip install 'attntune[plots]'</code>). The tables below are complete.</p>")
     for dev, drows in sorted(by_device.items()):
         drecs = [r.record for r in drows]
         parts.append(f"<h2>{_esc(dev)}</h2>")
-        for png, alt in ((variant_heatmap(drecs), "chosen variant per key"),
-                         (speedup_heatmap(drecs), "speedup over SDPA default per key")):
-            if png:
-                parts.append(f"<img alt='{alt}' src='data:image/png;base64,{png}'>")
+        if plots:
+            for png, alt in ((variant_heatmap(drecs), "chosen variant per key"),
+                             (speedup_heatmap(drecs), "speedup over SDPA default per key")):
+                if png:
+                    parts.append(f"<img alt='{alt}' src='data:image/png;base64,{png}'>")
         parts.append(_table(sorted(drows, key=lambda r: r.record.key.short())))
     bad = [r for r in rows if r.status not in shown]
     if bad:

@@ -79,3 +79,20 @@ def test_report_include_stale_draws_foreign_rows(tmp_path):
     assert r.exit_code == 0, r.output
     page = out.read_text()
     assert page.count("data:image/png") == 2 and "8 stale (drawn)" in page and "Stale and rejected rows" not in page
+
+
+def test_heatmap_axes_sort_numerically():
+    """Columns are ``Sq x Skv`` buckets and rows key families: both sort by the numbers in them, so a
+    decode bucket ``1x512`` comes first and ``D64`` before ``D128`` (as text: ``128x128`` < ``1x512``,
+    ``D128`` < ``D64``)."""
+    from attntune.report import _grid
+
+    recs = []
+    for sq, skv in ((512, 512), (1, 512), (128, 128), (256, 256), (1, 4096)):
+        for d in (128, 64):
+            k = make_key(sq=sq, d=d).model_copy(update={"seqlen_kv": skv})
+            recs.append(make_rec(key=k, ms=1.0))
+    rows, cols, cells = _grid(recs)
+    assert cols == ["1x512", "1x4096", "128x128", "256x256", "512x512"]
+    assert [r.split()[1] for r in rows] == ["D64", "D128"]
+    assert len(cells) == 10

@@ -1,35 +1,52 @@
-"""The ``attntune`` command line (typer + rich). One module per command group; each registers on ``app``."""
+"""The ``attntune`` command line (typer + rich). One module per command group; each registers on ``app``.
+
+Start-up is kept cheap: ``attntune --help`` and ``--version`` must not import torch, triton, optuna,
+sqlalchemy, pydantic, transformers or matplotlib (together seconds on a cold disk). The command modules
+therefore import them inside the command functions — typer needs only the signatures — and
+``import attntune`` itself is lazy. tests/faults/test_cli_startup.py holds this in place.
+"""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
+
+from attntune.cli.errors import DEBUG_KEY, ErrorReportingGroup
 
 app = typer.Typer(
     name="attntune",
+    cls=ErrorReportingGroup,
     help="Measured attention dispatch: tune attention variants per GPU and shape, inspect the results.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from attntune._version import __version__
+
+        typer.echo(f"attntune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    ctx: typer.Context,
+    version: Optional[bool] = typer.Option(
+        None, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(
+        False, "--debug", envvar="ATTNTUNE_DEBUG", help="Show the full traceback when a command fails."
+    ),
+) -> None:
+    ctx.meta[DEBUG_KEY] = debug
+
+
 # Command modules register themselves on import (kept last: they import ``app`` from here).
-from attntune.cli import inspect_cmds  # noqa: E402,F401
-
-_OPTIONAL = ("attntune.cli.tune_cmd", "attntune.cli.runtime_cmds", "attntune.cli.report_cmd")
-
-
-def _load_optional() -> None:
-    import importlib
-
-    for mod in _OPTIONAL:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:  # a real missing dependency inside the module: surface it
-                raise
-
-
-_load_optional()
+from attntune.cli import inspect_cmds, report_cmd, runtime_cmds, tune_cmd  # noqa: E402,F401
 
 
 def main() -> None:

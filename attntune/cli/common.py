@@ -1,16 +1,25 @@
-"""Helpers shared by the CLI commands: opening caches, formatting rows."""
+"""Helpers shared by the CLI commands: opening caches (and saying which could not be used), formatting.
+
+The cache package imports torch (through the device fingerprint), so it is imported inside functions:
+this module is loaded by ``attntune --help``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Any, Dict, Optional
+import warnings
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from rich.console import Console
 
-from attntune.cache import CachedRow, LayeredCache, WinnerRecord
-from attntune.cache.layered import open_store, system_cache_path, user_cache_url
+from attntune.cli.errors import CliError, one_line
+
+if TYPE_CHECKING:
+    from attntune.cache import CachedRow, CacheStore, LayeredCache, LayerFailure, WinnerRecord
+
+LAYER_ORDER = ("user", "system")
 
 
 def _width(stream) -> int | None:
@@ -25,9 +34,86 @@ console = Console(width=_width(sys.stdout))
 err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
-def open_layers(cache: Optional[str], system: bool = True) -> LayeredCache:
-    """``--cache URL`` replaces the user layer; the shipped system cache is added unless disabled."""
-    return LayeredCache.open_default(user_url=cache, system=system)
+def warn_line(msg: str) -> None:
+    """One warning line on stderr (no markup: messages quote paths and URLs verbatim)."""
+    err_console.print(f"attntune: warning: {msg}", markup=False, highlight=False, soft_wrap=True)
+
+
+# ---- opening caches --------------------------------------------------------------------------------
+
+
+def read_layers(cache: Optional[str], system: bool = True, strict: bool = True,
+                effective: bool = True) -> Tuple["LayeredCache", Any]:
+    """Open the layered cache the read commands use and read it once: ``--cache URL`` replaces the
+    user layer; the shipped system cache is added unless disabled. Returns ``(layers, rows)``: rows
+    are ``layers.effective()`` (key_id -> the row that applies), or with ``effective=False`` every row
+    of every layer (``layers.all_rows()``, each row's ``origin`` naming its layer).
+
+    The user layer is opened read-only: a command that only reads needs no write permission and
+    creates no file. Reading is part of opening: a layer that opens but cannot be read (a dropped
+    table, corrupt pages) is only known once read.
+
+    ``strict`` (every command but ``doctor``): a user layer that cannot be used, or a ``--cache`` file
+    that does not exist, is an error — the command would otherwise print the other layers' rows (or
+    "0 rows") as if that cache were empty; a failed system layer is one warning line. ``doctor``
+    passes ``strict=False`` and reports them all.
+    """
+    from attntune.cache import LayeredCache
+
+    with warnings.catch_warnings():
+        # The library warns once per unusable layer (two lines, with a source line); the CLI says it
+        # itself, in one line, or as an error.
+        warnings.filterwarnings("ignore", message="attntune: ", category=RuntimeWarning)
+        layers = LayeredCache.open_default(user_url=cache, system=system, user_readonly=True)
+        rows = layers.effective() if effective else layers.all_rows()
+    if strict:
+        if cache is not None and user_layer_missing(layers):
+            raise CliError(f"user cache {cache}: no such cache file")
+        for f in layer_failures(layers):
+            if f.label == "user":
+                raise CliError(f"user cache {f.url}: {f.reason}")
+            warn_line(f"{f.label} cache {f.url} is unusable ({f.reason}); ignoring it")
+    return layers, rows
+
+
+def layer_failures(layers: "LayeredCache") -> List["LayerFailure"]:
+    """The configured layers that could not be opened or read, ``(label, url, reason)``:
+    ``LayeredCache.failures`` (read failures appear there once the layer has been read), each reason
+    without the location the store's messages start with."""
+    return [f._replace(reason=_without_location(f.reason)) for f in getattr(layers, "failures", [])]
+
+
+def user_layer_missing(layers: "LayeredCache") -> bool:
+    """The user layer neither opened nor failed: opened read-only, it is skipped when its file does
+    not exist (a fresh machine: nothing tuned yet)."""
+    return not any(label == "user" for label, _ in layers.layers) and not any(
+        f.label == "user" for f in layer_failures(layers))
+
+
+def open_target(url: str) -> "CacheStore":
+    """The cache a command writes to (``tune``, ``import``), checked before any work is done: it opens
+    for writing (the store refuses read-only files and directories) and its winners table reads.
+    Raises CliError saying which cache and why."""
+    from attntune.cache.store import CacheStore
+
+    try:
+        store = CacheStore(url)
+        store.count()
+    except Exception as e:  # noqa: BLE001 — any failure here means the cache cannot be used
+        raise CliError(f"cache {url}: {_reason(e)}") from e
+    return store
+
+
+def _reason(e: BaseException) -> str:
+    """Why a cache cannot be used, as one line (the caller names the cache)."""
+    return _without_location(str(e).splitlines()[0]) if type(e).__name__ == "CacheError" else one_line(e)
+
+
+def _without_location(reason: str) -> str:
+    """Drop a leading ``<url or path>: `` (the store's messages start with the location, which the
+    CLI's own line already names): a first field without spaces that contains a slash."""
+    head, sep, rest = reason.partition(": ")
+    return rest if sep and rest and "/" in head and not any(c.isspace() for c in head) else reason
 
 
 def parse_device(name: Optional[str]):
@@ -46,6 +132,9 @@ def parse_device(name: Optional[str]):
     return torch.device(name)
 
 
+# ---- formatting ------------------------------------------------------------------------------------
+
+
 def fmt_config(cfg: Optional[Dict[str, Any]]) -> str:
     if not cfg:
         return "-"
@@ -58,14 +147,19 @@ def fmt_ms(ms: Optional[float]) -> str:
     return f"{ms * 1000:.1f}µs" if ms < 1 else f"{ms:.3f}ms"
 
 
-def row_json(row: CachedRow) -> Dict[str, Any]:
+def more_line(hidden: int, how: str = "use --all / --json to see them") -> str:
+    """The line printed under a list cut short: never a silent truncation."""
+    return f"… and {hidden} more ({how})"
+
+
+def row_json(row: "CachedRow") -> Dict[str, Any]:
     d: Dict[str, Any] = {"key_id": row.key_id, "origin": row.origin, "status": row.status, "reasons": row.reasons}
     if row.record is not None:
         d["record"] = json.loads(row.record.model_dump_json())
     return d
 
 
-def record_matches(rec: Optional[WinnerRecord], *, arch=None, dtype=None, variant=None, mode=None,
+def record_matches(rec: Optional["WinnerRecord"], *, arch=None, dtype=None, variant=None, mode=None,
                    causal=None) -> bool:
     if rec is None:
         return arch is None and dtype is None and variant is None and mode is None and causal is None
@@ -75,5 +169,5 @@ def record_matches(rec: Optional[WinnerRecord], *, arch=None, dtype=None, varian
             and (causal is None or k.causal == causal))
 
 
-__all__ = ["console", "err_console", "open_layers", "fmt_config", "fmt_ms", "row_json", "record_matches",
-           "open_store", "system_cache_path", "user_cache_url"]
+__all__ = ["console", "err_console", "warn_line", "read_layers", "layer_failures", "user_layer_missing", "open_target",
+           "parse_device", "fmt_config", "fmt_ms", "more_line", "row_json", "record_matches", "CliError"]

@@ -1,25 +1,32 @@
-"""Inspection commands: ``show``, ``export``, ``import``, ``doctor``."""
+"""Inspection commands: ``show``, ``export``, ``import``, ``doctor``.
+
+Heavy modules (the cache package imports torch; pydantic) are imported inside the commands: this module
+is loaded by ``attntune --help``.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
+from collections import Counter
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import typer
-from pydantic import ValidationError
+from rich.markup import escape
 from rich.table import Table
 
-from attntune.cache import CacheStore, WinnerRecord, judge
-from attntune.cache.models import record_to_row
 from attntune.cli import app
-from attntune.cli.common import (console, err_console, fmt_config, fmt_ms, open_layers, record_matches,
-                                 row_json)
+from attntune.cli.common import (LAYER_ORDER, CliError, console, fmt_config, fmt_ms, layer_failures,
+                                 more_line, open_target, read_layers, record_matches, row_json,
+                                 user_layer_missing)
 
 EXPORT_FORMAT = "attntune-cache"
 EXPORT_VERSION = 1
+STATUSES = ("valid", "stale", "rejected")
+DOCTOR_PROBLEMS = 20  # problem rows listed per layer without --all
 
 
 @app.command()
@@ -33,13 +40,15 @@ def show(
     system: bool = typer.Option(True, help="Include the shipped system cache."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """List tuned winners (the row that applies per key, user cache over shipped cache)."""
-    if status not in ("valid", "stale", "rejected", "all"):
+    """List tuned winners (the row that applies per key, user cache over shipped cache).
+
+    Rows of another status than --status are counted under the table, never dropped silently."""
+    if status not in ("all", *STATUSES):
         raise typer.BadParameter("must be valid, stale, rejected or all", param_hint="--status")
-    layers = open_layers(cache, system)
-    rows = [r for r in layers.effective().values()
-            if (status == "all" or r.status == status)
-            and record_matches(r.record, arch=arch, dtype=dtype, variant=variant, mode=mode)]
+    _, effective = read_layers(cache, system)
+    matching = [r for r in effective.values()
+                if record_matches(r.record, arch=arch, dtype=dtype, variant=variant, mode=mode)]
+    rows = [r for r in matching if status == "all" or r.status == status]
     rows.sort(key=lambda r: (r.record.key.short() if r.record else r.key_id))
     if as_json:
         print(json.dumps([row_json(r) for r in rows], indent=2, default=str))
@@ -48,18 +57,33 @@ def show(
     for col in ("key", "arch", "variant", "config", "time", "TFLOP/s", "vs SDPA", "runner-up", "status", "from"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        rec = r.record
-        if rec is None:
-            table.add_row(r.key_id, "-", "-", "-", "-", "-", "-", "-", f"{r.status}: {'; '.join(r.reasons)}", r.origin)
-            continue
-        sp = rec.speedup
-        table.add_row(rec.key.short(), rec.key.device.arch, rec.variant, fmt_config(rec.config), fmt_ms(rec.median_ms),
-                      f"{rec.tflops:.1f}" if rec.tflops else "-", f"{sp:.2f}x" if sp else "-",
-                      rec.runner_up or "-",
-                      r.status if r.status == "valid" else f"{r.status}: {'; '.join(r.reasons)}", r.origin)
+        table.add_row(*_show_cells(r))
     console.print(table)
-    if not rows:
+    hidden = Counter(r.status for r in matching if status != "all" and r.status != status)
+    if hidden:
+        console.print(_hidden_line(hidden))
+    elif not rows:
         console.print("No rows. Run [bold]attntune tune[/bold] to measure this machine.")
+
+
+def _hidden_line(hidden: Counter) -> str:
+    """What ``--status`` left out, by status, and how to see it (stale rows: measured under other
+    software, e.g. the shipped cache on another torch — they are the usual surprise)."""
+    n = sum(hidden.values())
+    counts = ", ".join(f"{hidden[s]} {s}" for s in STATUSES if hidden[s])
+    first = next(s for s in STATUSES if hidden[s])
+    return (f"{n} more {'row' if n == 1 else 'rows'} not shown ({counts}): see them with "
+            f"[bold]--status all[/bold] (or --status {first}).")
+
+
+def _show_cells(r) -> List[str]:
+    rec = r.record
+    if rec is None:
+        return [r.key_id, "-", "-", "-", "-", "-", "-", "-", f"{r.status}: {'; '.join(r.reasons)}", r.origin]
+    sp = rec.speedup
+    return [rec.key.short(), rec.key.device.arch, rec.variant, fmt_config(rec.config), fmt_ms(rec.median_ms),
+            f"{rec.tflops:.1f}" if rec.tflops else "-", f"{sp:.2f}x" if sp else "-", rec.runner_up or "-",
+            r.status if r.status == "valid" else f"{r.status}: {'; '.join(r.reasons)}", r.origin]
 
 
 @app.command("export")
@@ -70,13 +94,17 @@ def export_cmd(
     include_stale: bool = typer.Option(False, help="Also export stale rows."),
 ) -> None:
     """Write the winners to a JSON file (validated rows only; stale ones on request)."""
-    layers = open_layers(cache, system)
+    _, effective = read_layers(cache, system)
     keep = {"valid", "stale"} if include_stale else {"valid"}
-    recs = [r.record for r in layers.effective().values() if r.status in keep and r.record is not None]
+    recs = [r.record for r in effective.values() if r.status in keep and r.record is not None]
+    left = Counter(r.status for r in effective.values() if r.status not in keep or r.record is None)
     doc = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
            "records": [json.loads(rec.model_dump_json()) for rec in recs]}
     file.write_text(json.dumps(doc, indent=1))
     console.print(f"exported {len(recs)} rows to {file}")
+    if left:
+        hint = "; --include-stale exports the stale ones" if left["stale"] and not include_stale else ""
+        console.print(f"left out: {', '.join(f'{n} {s}' for s, n in sorted(left.items()))}{hint}")
 
 
 @app.command("import")
@@ -86,23 +114,23 @@ def import_cmd(
     force: bool = typer.Option(False, help="Replace existing rows even when they are faster."),
     allow_stale: bool = typer.Option(False, help="Import rows whose software fingerprint does not match."),
 ) -> None:
-    """Read winners from a JSON file into the user cache. Every record is validated first: malformed,
-    unknown-variant and out-of-domain rows are rejected and reported, never written."""
+    """Read winners from a JSON file into the user cache (every record validated first).
+
+    Malformed, unknown-variant and out-of-domain rows are rejected and reported, never written."""
+    from pydantic import ValidationError
+
+    from attntune.cache import WinnerRecord, judge, user_cache_url
+    from attntune.cache.models import record_to_row
+
     try:
         doc = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        err_console.print(f"[red]{file}: not valid JSON ({e})[/red]")
-        raise typer.Exit(2)
+        raise CliError(f"{file}: not valid JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT or not isinstance(doc.get("records"), list):
-        err_console.print(f"[red]{file}: not an attntune export (expected format={EXPORT_FORMAT!r} with records)[/red]")
-        raise typer.Exit(2)
+        raise CliError(f"{file}: not an attntune export (expected format={EXPORT_FORMAT!r} with records)")
     if doc.get("version", 0) > EXPORT_VERSION:
-        err_console.print(f"[red]{file}: export version {doc.get('version')} is newer than this attntune[/red]")
-        raise typer.Exit(2)
-    target = CacheStore(cache) if cache else open_layers(None, system=False).user
-    if target is None:
-        err_console.print("[red]no writable cache[/red]")
-        raise typer.Exit(2)
+        raise CliError(f"{file}: export version {doc.get('version')} is newer than this attntune")
+    target = open_target(cache or user_cache_url())
     written = kept = 0
     rejected: List[str] = []
     for i, raw in enumerate(doc["records"]):
@@ -127,14 +155,90 @@ def import_cmd(
         raise typer.Exit(1)
 
 
+def _layer_reports(layers, rows, user_url: str, explicit: bool) -> List[Dict[str, Any]]:
+    """One entry per configured cache layer, in lookup order (user, system): ``state`` ok (with row
+    counts and every problem row), unusable (with the reason), or absent (with why). ``explicit``: the
+    user cache was named by --cache."""
+    by_layer: Dict[str, list] = {}
+    for r in rows:
+        by_layer.setdefault(r.origin, []).append(r)
+    failures = {f.label: f for f in layer_failures(layers)}  # a failure beats an opened-then-unreadable layer
+    out = [_layer_entry(label, st.url, "ok", rows=by_layer.get(label, []))
+           for label, st in layers.layers if label not in failures]
+    out += [_layer_entry(f.label, f.url, "unusable", reason=f.reason) for f in failures.values()]
+    if user_layer_missing(layers):  # named by --cache: a typo, not a fresh machine
+        out.append(_layer_entry("user", user_url, "unusable", reason="no such cache file") if explicit else
+                   _layer_entry("user", user_url, "absent", reason="no such file yet (attntune tune creates it)"))
+    if not any(c["layer"] == "system" for c in out):
+        out.append(_layer_entry("system", None, "absent", reason=_why_no_system()))
+    rank = {label: i for i, label in enumerate(LAYER_ORDER)}
+    return sorted(out, key=lambda c: rank.get(c["layer"], len(rank)))
+
+
+def _layer_entry(label: str, url: Optional[str], state: str, reason: Optional[str] = None,
+                 rows: Optional[list] = None) -> Dict[str, Any]:
+    """A layer as doctor reports it (counts are None unless the layer was read). ``readonly`` is the
+    layer's role: the shipped system cache is never written."""
+    n = Counter(r.status for r in rows or [])
+    return {"layer": label, "url": url, "state": state, "reason": reason, "readonly": label != "user",
+            "rows": None if rows is None else len(rows), **{s: None if rows is None else n[s] for s in STATUSES},
+            "problems": [f"{r.key_id}: {r.status}: {'; '.join(r.reasons)}" for r in rows or []
+                         if r.status != "valid"]}
+
+
+def _why_no_system() -> str:
+    from attntune.cache.layered import shipped_cache_candidates
+
+    if os.environ.get("ATTNTUNE_SYSTEM_CACHE") == "":
+        return "disabled (ATTNTUNE_SYSTEM_CACHE is empty)"
+    return "no shipped cache.db found (looked in " + ", ".join(map(str, shipped_cache_candidates())) + ")"
+
+
+def _print_layers(caches: List[Dict[str, Any]], show_all: bool) -> None:
+    t = Table(title="caches")
+    for c in ("layer", "url", "rows", "valid", "stale", "rejected"):
+        t.add_column(c, overflow="fold")
+    for c in caches:
+        label = c["layer"] + (" (ro)" if c["readonly"] else "")
+        if c["state"] == "ok":
+            t.add_row(label, c["url"], *(str(c[k]) for k in ("rows", *STATUSES)))
+        else:
+            colour = "red" if c["state"] == "unusable" else "yellow"
+            t.add_row(label, c["url"] or "-", f"[{colour}]{c['state']}[/{colour}]: {escape(c['reason'])}",
+                      "-", "-", "-")
+    console.print(t)
+    for c in caches:
+        shown = c["problems"] if show_all else c["problems"][:DOCTOR_PROBLEMS]
+        for p in shown:
+            console.print(f"  [yellow]{c['layer']}[/yellow] {escape(p)}")
+        if len(shown) < len(c["problems"]):
+            console.print(f"  {more_line(len(c['problems']) - len(shown))}")
+
+
+def _fail_on_unusable(caches: List[Dict[str, Any]]) -> None:
+    """After the full report: a non-zero exit (and one line) when a configured layer is unusable, so
+    that ``attntune doctor`` can gate a deployment."""
+    bad = [c for c in caches if c["state"] == "unusable"]
+    if bad:
+        raise CliError(f"{len(bad)} cache layer(s) unusable: "
+                       + "; ".join(f"{c['layer']} {c['url']} ({c['reason']})" for c in bad))
+
+
 @app.command()
 def doctor(
     cache: Optional[str] = typer.Option(None, "--cache", help="User cache path or SQLAlchemy URL."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    show_all: bool = typer.Option(False, "--all", help=f"List every problem row (default: the first "
+                                  f"{DOCTOR_PROBLEMS} per cache layer)."),
 ) -> None:
-    """Device, versions, caches (valid/stale/rejected rows), and which variants can run here and why not."""
+    """Device, versions, every cache layer (row counts, or why it cannot be used), variants here.
+
+    One line per configured cache layer (user, system): rows valid/stale/rejected, or why it cannot
+    be used. Then which variants can run on this device and why not. Exits 2 when a cache layer is
+    unusable."""
     import torch
 
+    from attntune.cache import user_cache_url
     from attntune.device import default_device, device_fingerprint, software_fingerprint
     from attntune.kernels import UNAVAILABLE, registry
     from attntune.problem import AttentionProblem
@@ -142,16 +246,8 @@ def doctor(
     dev = default_device()
     fp = device_fingerprint(dev)
     sw = software_fingerprint(device_type=dev.type)
-    layers = open_layers(cache, True)
-    caches = []
-    for label, st in layers.layers:
-        rows = [judge(raw, label) for raw in layers._raw(label, st)]
-        caches.append({
-            "layer": label, "url": st.url, "readonly": st.readonly, "rows": len(rows),
-            "valid": sum(r.status == "valid" for r in rows), "stale": sum(r.status == "stale" for r in rows),
-            "rejected": sum(r.status == "rejected" for r in rows),
-            "problems": [f"{r.key_id}: {r.status}: {'; '.join(r.reasons)}" for r in rows if r.status != "valid"][:20],
-        })
+    layers, rows = read_layers(cache, True, strict=False, effective=False)
+    caches = _layer_reports(layers, rows, cache or user_cache_url(), explicit=cache is not None)
     dtype = "bfloat16" if dev.type == "cuda" else "float32"
     probes = {
         "prefill": AttentionProblem(batch=1, heads_q=8, heads_kv=8, seqlen_q=1024, seqlen_kv=1024, head_dim=64,
@@ -173,21 +269,13 @@ def doctor(
     }
     if as_json:
         print(json.dumps(report, indent=2, default=str))
+        _fail_on_unusable(caches)
         return
     console.print(f"[bold]device[/bold]   {fp.label()}  (backend {fp.backend})")
     console.print("[bold]software[/bold] " + ", ".join(f"{k} {v}" for k, v in report["software"].items() if v))
     console.print(f"[bold]python[/bold]   {report['python']} on {report['platform']}")
     console.print(f"[bold]fp32 matmul precision[/bold] {report['float32_matmul_precision']}")
-    t = Table(title="caches")
-    for c in ("layer", "url", "rows", "valid", "stale", "rejected"):
-        t.add_column(c, overflow="fold")
-    for c in caches:
-        t.add_row(c["layer"] + (" (ro)" if c["readonly"] else ""), c["url"], str(c["rows"]), str(c["valid"]),
-                  str(c["stale"]), str(c["rejected"]))
-    console.print(t if caches else "[yellow]no cache could be opened[/yellow]")
-    for c in caches:
-        for p in c["problems"]:
-            console.print(f"  [yellow]{c['layer']}[/yellow] {p}")
+    _print_layers(caches, show_all)
     t = Table(title=f"variants on this device (probes: {', '.join(probes)})")
     for c in ("variant", "family", "exact", *probes):
         t.add_column(c, overflow="fold")
@@ -197,3 +285,4 @@ def doctor(
     console.print(t)
     for mod, why in UNAVAILABLE.items():
         console.print(f"[yellow]unavailable[/yellow] {mod}: {why}")
+    _fail_on_unusable(caches)

@@ -8,7 +8,9 @@ from typing import Optional
 import typer
 
 from attntune.cli import app
-from attntune.cli.common import console, open_layers
+from attntune.cli.common import console, read_layers
+
+PLOTS_HINT = "pip install 'attntune[plots]'"
 
 
 @app.command()
@@ -18,11 +20,20 @@ def report(
     system: bool = typer.Option(True, help="Include the shipped system cache."),
     include_stale: bool = typer.Option(False, help="Draw stale rows too (a cache tuned under other software)."),
 ) -> None:
-    """Write an HTML report: chosen variant and speedup over SDPA default per key (heatmaps), tables."""
-    from attntune.report import render_report
+    """Write an HTML report: chosen variant and speedup over SDPA default per key (heatmaps), tables.
 
-    layers = open_layers(cache, system)
-    rows = list(layers.effective().values())
+    The heatmaps need matplotlib, which stays an optional extra (``pip install 'attntune[plots]'``):
+    it is a large dependency that neither tuning nor dispatch uses, and a server that only serves
+    models should not carry it. Without it the report is still written — summary and every table —
+    and one line says how to get the plots.
+    """
+    from attntune.report import plots_available, render_report
+
+    layers, effective = read_layers(cache, system)
+    rows = list(effective.values())
     page = render_report(rows, sources=[st.url for _, st in layers.layers], include_stale=include_stale)
     out.write_text(page)
     console.print(f"wrote {out} ({len(rows)} keys, {out.stat().st_size // 1024} KiB)")
+    if not plots_available():
+        console.print(f"no plots: matplotlib is not installed ({PLOTS_HINT}); the tables are complete",
+                      markup=False, highlight=False)

@@ -14,14 +14,8 @@ from rich.table import Table
 
 from attntune.cli import app
 from attntune.cli.common import console, fmt_config
-
-try:  # the tuner's --shape help text, when its command module is there
-    from attntune.cli.tune_cmd import SHAPE_HELP
-except ImportError:  # pragma: no cover
-    SHAPE_HELP = "One problem as field=value pairs, e.g. b=4,hq=32,hkv=8,sq=2048,d=128,causal=1."
-
-
-from attntune.cli.common import parse_device as _device  # noqa: E402
+from attntune.cli.common import parse_device as _device
+from attntune.cli.tune_cmd import SHAPE_HELP
 
 
 def _problems(shapes: List[str], dev, dtype: Optional[str], mode: Optional[str] = None):
@@ -49,10 +43,11 @@ def explain(
     mode: Optional[str] = typer.Option(None, "--mode", help="fwd or fwd_bwd (default fwd) unless the shape sets it."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Which implementation a call with this shape gets under the current policy, where the decision
-    came from (tuned / nearest / heuristic / fixed / fallback), expected time, runner-up, why — and every
-    variant with the reasons it cannot run the problem. Uses the caches and ATTNTUNE_* switches as a
-    program would; records nothing."""
+    """Which implementation a call with this shape gets, and why.
+
+    The plan under the current policy, where the decision came from (tuned / nearest / heuristic /
+    fixed / fallback), expected time, runner-up, why — and every variant with the reasons it cannot run
+    the problem. Uses the caches and ATTNTUNE_* switches as a program would; records nothing."""
     from attntune.policies import runtime
     from attntune.policies.policy import candidates_table
 
@@ -97,10 +92,11 @@ def bench(
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Latency of attention calls through attntune's dispatch: P50/P95/P99 per call and peak memory
-    (GPU: device memory allocated by torch; CPU: the process's peak RSS). Without --stress: --iters
-    calls per shape; with --stress: calls cycle through the shapes for --seconds. GPU latencies are
-    CUDA-event times of each call; CPU latencies are host times."""
+    """Latency of attention calls through attntune's dispatch: P50/P95/P99, peak memory.
+
+    Peak memory: on a GPU, device memory allocated by torch; on the CPU, the process's peak RSS.
+    Without --stress: --iters calls per shape; with --stress: calls cycle through the shapes for
+    --seconds. GPU latencies are CUDA-event times of each call; CPU latencies are host times."""
     import torch
 
     import attntune

@@ -1,25 +1,20 @@
-"""``attntune tune`` and ``attntune suites``: measure this machine and fill the user cache."""
+"""``attntune tune`` and ``attntune suites``: measure this machine and fill the user cache.
+
+The tuner (optuna, torch, triton) and rich's progress bar are imported inside the commands: this module
+is loaded by ``attntune --help``.
+"""
 
 from __future__ import annotations
 
 import signal
-
 from typing import Dict, List, Optional
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from attntune.cli import app
-from attntune.cli.common import console, err_console, fmt_ms
+from attntune.cli.common import CliError, console, err_console, fmt_ms, open_target
+from attntune.cli.common import parse_device as _device
 
 SHAPE_HELP = (
     "One problem as field=value pairs (repeatable), e.g. "
@@ -28,9 +23,6 @@ SHAPE_HELP = (
     "align br|tl, window LEFT:RIGHT (-1 unbounded), kv_lens 0/1, dtype, mode fwd|fwd_bwd, approx 0/1. "
     "hq, sq and d are required."
 )
-
-
-from attntune.cli.common import parse_device as _device  # noqa: E402
 
 
 def _gpus(spec: Optional[str]) -> Optional[List[int]]:
@@ -45,6 +37,31 @@ def _gpus(spec: Optional[str]) -> Optional[List[int]]:
     if not out:
         raise typer.BadParameter("empty list", param_hint="--gpus")
     return out
+
+
+def _problems_from_args(suite: Optional[str], shape: Optional[List[str]], dev, dtype: Optional[str],
+                        mode: Optional[str]) -> list:
+    """The problems named by ``--shape`` (each parsed, errors naming the option) or by ``--suite``
+    (default: ``demo`` on the CPU, ``default`` on a GPU)."""
+    from attntune.autotune.shapes import ShapeSpecError, parse_shape
+    from attntune.autotune.suites import default_dtype, get_suite, materialize
+
+    if shape:
+        problems = []
+        for spec in shape:
+            try:
+                problems.append(
+                    parse_shape(spec, device_type=dev.type, dtype=dtype or default_dtype(dev.type), mode=mode)
+                )
+            except ShapeSpecError as e:
+                raise typer.BadParameter(f"{spec!r}: {e}", param_hint="--shape") from None
+        return problems
+    name = suite or ("demo" if dev.type == "cpu" else "default")
+    try:
+        templates = get_suite(name).templates()
+    except KeyError as e:
+        raise typer.BadParameter(str(e.args[0]), param_hint="--suite") from None
+    return materialize(templates, dev.type, dtype, mode)
 
 
 def _problems_from_misses(store, device) -> tuple:
@@ -71,7 +88,7 @@ class _ProgressView:
     """Turns tuner events into a rich progress bar: one step per key, the key in progress and the
     best time so far."""
 
-    def __init__(self, progress: Progress):
+    def __init__(self, progress):
         self.progress = progress
         self.task = progress.add_task("starting", total=None, best="")
         self.done: set = set()
@@ -95,6 +112,16 @@ class _ProgressView:
                 self.progress.advance(self.task)
         elif kind == "worker_errors":
             self.errors.extend(ev["errors"])
+
+
+def _progress():
+    """The tuning progress bar: key in progress, keys done, elapsed, eta, best time so far."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                    TextColumn("{task.fields[best]}"), console=console, transient=False)
 
 
 def _summary(results) -> Table:
@@ -180,8 +207,6 @@ def tune(
     --shape hq=32,hkv=8,sq=1,skv=8192,d=128,kv_lens=1
     """
     from attntune.autotune.runner import Interrupted, run_tuning, sigterm_as_interrupt
-    from attntune.autotune.shapes import ShapeSpecError, parse_shape
-    from attntune.autotune.suites import default_dtype, get_suite, materialize
     from attntune.autotune.sweep import FatalDeviceError
     from attntune.autotune.timing import TimingOptions
     from attntune.cache import CacheStore, user_cache_url
@@ -200,45 +225,22 @@ def tune(
     if suite and shape:
         raise typer.BadParameter("give --suite or --shape, not both", param_hint="--shape")
     cache_url = cache or user_cache_url()
+    problems = None if from_misses else _problems_from_args(suite, shape, dev, dtype, mode)
+    # Before anything is measured: a cache that cannot be written fails now, in one line, rather than
+    # after the first key's minutes of tuning.
+    store = open_target(cache_url)
+    misses = _problems_from_misses(store, dev) if from_misses else None
+    store.dispose()
     miss_ids: List[str] = []
-    if from_misses:
-        store = CacheStore(cache_url)
-        problems, miss_ids, foreign = _problems_from_misses(store, dev)
-        store.dispose()
+    if misses is not None:
+        problems, miss_ids, foreign = misses
         if foreign:
             console.print(f"{foreign} recorded misses belong to other devices; left for them")
         if not problems:
             console.print("No misses recorded for this device.")
             return
-    elif shape:
-        problems = []
-        for spec in shape:
-            try:
-                problems.append(
-                    parse_shape(spec, device_type=dev.type, dtype=dtype or default_dtype(dev.type), mode=mode)
-                )
-            except ShapeSpecError as e:
-                raise typer.BadParameter(f"{spec!r}: {e}", param_hint="--shape") from None
-    else:
-        name = suite or ("demo" if dev.type == "cpu" else "default")
-        try:
-            templates = get_suite(name).templates()
-        except KeyError as e:
-            raise typer.BadParameter(str(e.args[0]), param_hint="--suite") from None
-        problems = materialize(templates, dev.type, dtype, mode)
 
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[best]}"),
-        console=console,
-        transient=False,
-    )
+    progress = _progress()
     view = _ProgressView(progress)
     interrupted = False
     previous_sigterm = sigterm_as_interrupt()
@@ -266,9 +268,8 @@ def tune(
             "command again to continue in a fresh process."
         )
         raise typer.Exit(1)
-    except ValueError as e:
-        err_console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
+    except ValueError as e:  # the tuner refusing its arguments (e.g. several workers, no shared storage)
+        raise CliError(str(e)) from None
     finally:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
