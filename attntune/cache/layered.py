@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from attntune.cache.models import CachedRow, judge
-from attntune.cache.store import CacheStore
+from attntune.cache.store import CacheStore, normalize_url
 
 _WARNED: set = set()
 
@@ -83,7 +83,7 @@ def open_store(url: str, readonly: bool, label: str, timeout_s: Optional[float] 
     except Exception as e:  # noqa: BLE001 — includes CacheError, sqlite DatabaseError, driver errors
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if failures is not None:
-            failures.append(LayerFailure(label, str(url), reason))
+            failures.append(LayerFailure(label, normalize_url(url), reason))
         warn_once(f"open:{url}", f"{label} cache {url} is unusable ({reason}); ignoring it")
         return None
 
@@ -131,7 +131,7 @@ class LayeredCache:
         try:
             return st.raw_winners()
         except Exception as e:  # noqa: BLE001 — corrupted pages, a dropped table, a lock, …
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
             if not any(f.url == st.url for f in self.failures):
                 self.failures.append(LayerFailure(label, st.url, f"cannot be read: {reason}"))
             warn_once(f"read:{st.url}", f"{label} cache {st.url} could not be read ({reason}); ignoring it")

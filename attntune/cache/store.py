@@ -101,6 +101,7 @@ class CacheStore:
         self.readonly = readonly
         self.timeout_s = max(0.0, float(timeout_s))
         self.lock_attempts = max(1, lock_attempts)
+        self._procs: Dict[str, Dict[str, Any]] = {}  # table -> column -> its type's result processor
         try:
             u = make_url(self.url)
             self.dialect = u.get_backend_name()
@@ -264,15 +265,33 @@ class CacheStore:
             self._winner_cols = [c for c in Winner.__table__.c if c.name in have]
         return select(*[_raw_col(c) for c in self._winner_cols])
 
+    def _typed(self, table, row) -> Dict[str, Any]:
+        """A raw row with each value converted as its column's type would (SQLite's timestamp text
+        becomes a datetime, as PostgreSQL's driver returns it), value by value: a value that does not
+        convert is kept raw, for :func:`~attntune.cache.models.judge` to reject that row alone."""
+        procs = self._procs.get(table.name)
+        if procs is None:
+            procs = {c.name: c.type.result_processor(self.engine.dialect, None) for c in table.c}
+            self._procs[table.name] = procs
+        out = dict(row)
+        for name, value in out.items():
+            proc = procs.get(name)
+            if proc is not None and value is not None:
+                try:
+                    out[name] = proc(value)
+                except Exception:  # noqa: BLE001 — malformed: left as stored
+                    pass
+        return out
+
     def raw_winners(self) -> List[Dict[str, Any]]:
         with self.session() as s:
             rows = s.execute(self._winner_select()).mappings().all()
-        return [dict(r) for r in rows]
+        return [self._typed(Winner.__table__, r) for r in rows]
 
     def raw_winner(self, key_id: str) -> Optional[Dict[str, Any]]:
         with self.session() as s:
             r = s.execute(self._winner_select().where(Winner.key_id == key_id)).mappings().first()
-        return dict(r) if r else None
+        return self._typed(Winner.__table__, r) if r else None
 
     def delete_winners(self, key_ids: Optional[List[str]] = None) -> int:
         self._writable()
@@ -327,7 +346,7 @@ class CacheStore:
         with self.session() as s:
             rows = s.execute(select(*[_raw_col(c) for c in Miss.__table__.c])
                              .order_by(Miss.count.desc())).mappings().all()
-        return [dict(r) for r in rows]
+        return [self._typed(Miss.__table__, r) for r in rows]
 
     def clear_misses(self, key_ids: List[str]) -> None:
         self._writable()
