@@ -75,7 +75,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
       ``off = Skv - Sq``; ``-1`` = unbounded side. Combined with ``causal`` by intersection.
     * ``scale``: softmax scale, default ``1/sqrt(D)``.
     * ``kv_lens``: int32/int64 ``[B]``, keys ``j >= kv_lens[b]`` are padding (a KV cache); the causal
-      diagonal then sits at ``kv_lens[b] - Sq`` per sequence (see :mod:`attntune.problem`).
+      diagonal then sits at ``kv_lens[b] - Sq`` per sequence (see :mod:`attntune.problem`). Values are
+      clamped to ``[0, Skv]`` (every variant and the reference alike); ``ATTNTUNE_CHECK=1`` refuses
+      values outside instead (``ValueError``, one host sync per call).
+    * ``window`` sides are integers, ``-1`` or ``>= 0``, of any size (clamped to the sequence); bools,
+      floats and ``inf`` are refused.
     * ``approx``: allow approximate variants (Nyström) for this call; None = ``ATTNTUNE_ALLOW_APPROX``.
 
     Rows that admit no key return zeros. Invalid inputs raise ``ValueError`` naming the argument.

@@ -106,6 +106,9 @@ class _ProgressView:
             if ev.get("best_variant"):
                 best = f"best {ev['best_variant']} {fmt_ms(ev['best_ms'])}"
             self.progress.update(self.task, best=f"trial {ev['n']}/{ev['budget']}  {best}")
+        elif kind == "key_waiting":  # another live tuner holds the key: say whom we wait for, and how long
+            self.progress.console.print(f"waiting for {ev['key']}: claimed by {ev['owner']} (a live process) "
+                                        f"until {ev['until']} UTC; other keys go on meanwhile")
         elif kind in ("key_done", "key_skipped"):
             if ev["key_id"] not in self.done:
                 self.done.add(ev["key_id"])

@@ -326,8 +326,9 @@ def test_claim_of_a_dead_local_process_is_taken_at_once(tmp_path, monkeypatch):
     kid = TuneKey.from_problem(p, device_fingerprint("cpu")).key_id
     st = _claim(tmp_path / "c.db", f"{socket.gethostname()}:{_dead_pid()}:0", kid)
     t0 = time.perf_counter()
-    [res] = run_tuning([p], cache=st, storage="memory", trials=2, timing=TimingOptions.quick())
-    assert res.status == "tuned" and time.perf_counter() - t0 < 60
+    # time_limit: without the take-over this would wait out the hour (the run then ends "unfinished")
+    [res] = run_tuning([p], cache=st, storage="memory", trials=2, timing=TimingOptions.quick(), time_limit=30)
+    assert res.status == "tuned" and time.perf_counter() - t0 < 30
     assert claims.claim_state(st, kid)["owner"] == claims.owner_id(0)
 
 
@@ -339,3 +340,25 @@ def test_claim_of_a_live_or_foreign_owner_is_respected(tmp_path, owner):
     st = _claim(tmp_path / "c.db", owner, "k" * 40)
     assert not claims.owner_is_dead(owner)
     assert not claims.try_claim(st, "k" * 40, claims.owner_id(0), 60, utcnow())
+
+
+def test_a_live_claim_is_waited_for_and_announced(tmp_path, monkeypatch):
+    """A key claimed by a live process: the tuner says whom it waits for (once), then takes the key when
+    the claim expires."""
+    import socket
+
+    from attntune.autotune.runner import run_tuning
+    from attntune.autotune.timing import TimingOptions
+
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "eager,sdpa_math")
+    p = problem(sq=16)
+    kid = TuneKey.from_problem(p, device_fingerprint("cpu")).key_id
+    st = CacheStore(tmp_path / "c.db")
+    live = f"{socket.gethostname()}:{os.getppid()}:0"
+    assert st.claim(kid, live, ttl_s=2.0)
+    events = []
+    [res] = run_tuning([p], cache=st, storage="memory", trials=2, timing=TimingOptions.quick(),
+                       on_event=events.append)
+    waits = [e for e in events if e["type"] == "key_waiting"]
+    assert len(waits) == 1 and waits[0]["owner"] == live and waits[0]["until"] != "?"
+    assert res.status == "tuned"
