@@ -362,3 +362,35 @@ def test_a_live_claim_is_waited_for_and_announced(tmp_path, monkeypatch):
     waits = [e for e in events if e["type"] == "key_waiting"]
     assert len(waits) == 1 and waits[0]["owner"] == live and waits[0]["until"] != "?"
     assert res.status == "tuned"
+
+
+TUNE_INTO = r"""
+import sys
+from attntune.cache import CacheError, CacheStore
+try:
+    CacheStore(sys.argv[1])
+except CacheError as e:
+    print("refused:", e)
+"""
+
+
+def test_tuning_into_a_read_only_directory_is_one_clear_line(tmp_path):
+    """Writing (tune, import) needs a writable directory: refused with one line naming the reason, by the
+    store and by the command line, before any work; nothing in the directory changes."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    path = make_cache(d / "cache.db")
+    before = sorted(os.listdir(d)), path.read_bytes()
+    try:
+        prefix = _read_only_dir_cmd(d)
+        store = subprocess.run(prefix + [sys.executable, "-c", TUNE_INTO, str(path)], capture_output=True,
+                               text=True, timeout=120)
+        cli = subprocess.run(prefix + [sys.executable, "-m", "attntune", "tune", "--suite", "demo", "--cache",
+                                       str(path), "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    finally:
+        d.chmod(0o755)
+    assert "refused:" in store.stdout and "not writable" in store.stdout, (store.stdout, store.stderr[-1500:])
+    assert cli.returncode == 2, (cli.stdout[-800:], cli.stderr[-1500:])
+    lines = [ln for ln in cli.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "not writable" in lines[0] and "Traceback" not in cli.stderr, cli.stderr
+    assert (sorted(os.listdir(d)), path.read_bytes()) == before
