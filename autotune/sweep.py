@@ -41,6 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
 from attntune.autotune import gate
+from attntune.autotune.confirm import CONFIRM_TOP, CPU_ROUNDS, GPU_ROUNDS, Candidate, confirm
 from attntune.cache.retry import retry_locked
 from attntune.autotune.space import SearchSpace, config_id
 from attntune.autotune.study import open_study
@@ -188,7 +189,9 @@ class KeyTuner:
         self.opt = options
         self.warm_stores = list(warm_stores) or [store]
         self.emit = on_event or (lambda ev: None)
-        self.force_upsert = force_upsert or options.force
+        # Replace the stored row unconditionally only when it is invalid (stale/rejected): ``--force``
+        # re-tunes a valid row, but a slower result never replaces it (the upsert keeps the faster).
+        self.force_upsert = force_upsert
         self.lost = lost or (lambda: False)
         self.device = _device_for(self.problem)
         self.best_ms = math.inf
@@ -449,10 +452,19 @@ class KeyTuner:
             )
         best = ok[0]
         bname, bcfg = space.from_params(best.params)
+        ms, spread, base_ms = float(best.value), None, None
+        confirmed = self._confirm(ok, space, inputs)
+        if confirmed is not None:
+            winner, timed = confirmed
+            bname, bcfg, ms, spread = winner.name, winner.config, winner.ms, winner.noise
+            best = next((t for t in ok if space.from_params(t.params) == (bname, bcfg)), best)
+            base_ms = next((c.ms for c in timed if c.baseline), None)
         runner, runner_ms = self._runner_up(trials, ok, bname)
         rname, rcfg = space.from_params(runner.params) if runner is not None else (None, None)
-        base_ms = self._baseline_ms(ok, space, inputs)
-        ms = float(best.value)
+        if confirmed is not None:  # the runner-up's confirmed time, where it was re-timed too
+            runner_ms = next((c.ms for c in confirmed[1] if (c.name, c.config) == (rname, rcfg)), runner_ms)
+        if base_ms is None:
+            base_ms = self._baseline_ms(ok, space, inputs)
         p = self.problem
         variant = space.get(bname).variant
         rec = WinnerRecord(
@@ -468,6 +480,7 @@ class KeyTuner:
             sdpa_default_ms=base_ms,
             max_error=best.user_attrs.get("max_error"),
             rel_error=best.user_attrs.get("rel_error"),
+            spread=spread,
             fingerprint=software_fingerprint(variant.source_hash(), p.device_type),
             trials=len(measured),
             tuning_seconds=round(spent, 3),
@@ -483,6 +496,46 @@ class KeyTuner:
             reason=unfinished,
             seconds=time.time() - t0,
         )
+
+    def _confirm(self, ok: List[FrozenTrial], space: SearchSpace, inputs):
+        """``(winner, timed candidates)`` of the confirmation round (:mod:`attntune.autotune.confirm`):
+        the best :data:`CONFIRM_TOP` distinct configs of the sweep and the baseline (when it runs this key
+        and passes the gate) re-timed side by side. None when it cannot run (no inputs, nothing timed):
+        the sweep's own best then stands."""
+        seen, cands = set(), []
+        for t in ok:
+            name, cfg = space.from_params(t.params)
+            cid = config_id(name, cfg)
+            if cid in seen:
+                continue
+            seen.add(cid)
+            cands.append((name, cfg, name == BASELINE))
+            if len(cands) == CONFIRM_TOP:
+                break
+        try:
+            if inputs is None:
+                inputs = gate.prepare(self.problem, self.device, key_seed(self.key.key_id, self.opt.seed))
+            if not any(b for _, _, b in cands) and registry.exists(BASELINE):
+                base = registry.get(BASELINE)
+                if not registry.reasons(base, self.problem):
+                    cfg = base.space(self.problem).first()
+                    if gate.check(base, cfg, inputs).ok:
+                        cands.append((BASELINE, cfg, True))
+            grads = self.problem.mode == "fwd_bwd"
+            timed = []
+            for name, cfg, is_base in cands:
+                cand = space.get(name)
+                fn, g = make_call(cand.variant if cand is not None else registry.get(name), cfg, inputs,
+                                  grads=grads)
+                timed.append(Candidate(name, cfg, fn, g, baseline=is_base))
+            timer = Timer(self.device, self.opt.timing, graphs=graph_timed(self.problem))
+            cpu = self.device.type == "cpu"
+            winner = confirm(timed, timer.round, CPU_ROUNDS if cpu else GPU_ROUNDS, robust_min=cpu)
+        except Exception:  # noqa: BLE001 — the sweep's ranking still stands
+            if self.device.type == "cuda":
+                _free_device_memory(self.device)
+            return None
+        return None if winner is None else (winner, [c for c in timed if c.rounds])
 
     @staticmethod
     def _runner_up(trials: List[FrozenTrial], ok: List[FrozenTrial], winner: str):

@@ -28,6 +28,8 @@ import torch
 from attntune.kernels.base import Config, Variant
 
 PRUNE_RATIO = 1.5
+#: the CPU timer's default clock (seconds); a module global so that tests can inject a noisy one
+CLOCK = time.perf_counter
 # Larger than any GPU's L2 (H200: 60 MB; MI300X: 256 MB of Infinity Cache).
 L2_FLUSH_BYTES = 256 << 20
 
@@ -100,10 +102,24 @@ class Timer:
     """Measures calls on one device. Created once per key by the sweep; ``graphs`` selects CUDA-graph
     timing (decode keys, :func:`graph_timed`)."""
 
-    def __init__(self, device: torch.device, options: Optional[TimingOptions] = None, graphs: bool = False):
+    def __init__(self, device: torch.device, options: Optional[TimingOptions] = None, graphs: bool = False,
+                 clock: Optional[Callable[[], float]] = None):
         self.device = device
         self.opt = options or TimingOptions()
         self.graphs = graphs and device.type == "cuda"
+        self.clock = clock or CLOCK  # the CPU path's clock (seconds)
+
+    def round(self, fn: Callable[[], None], grad_to_none: list, rounds: int) -> float:
+        """One round of a confirmation (:mod:`attntune.autotune.confirm`): a ``1/rounds`` share of a full
+        measurement, so that ``rounds`` rounds cost about one :meth:`full`."""
+        if self.graphs:
+            return self._gpu_graph(fn, replays=max(3, GRAPH_REPLAYS // rounds))
+        if self.device.type == "cuda":
+            o = self.opt
+            return self._gpu(fn, grad_to_none, warmup=o.gpu_warmup_ms / rounds, rep=max(1.0, o.gpu_rep_ms / rounds))
+        o = self.opt
+        return self._cpu(fn, warmup=1, min_reps=max(3, o.cpu_min_reps), max_reps=max(3, o.cpu_max_reps // rounds),
+                         target_s=o.cpu_target_s / rounds)
 
     def cheap(self, fn: Callable[[], None], grad_to_none: list) -> float:
         """A quick estimate (ms) for early stopping: a handful of calls (the gate already warmed the call
@@ -197,14 +213,14 @@ class Timer:
             torch.cuda.synchronize(self.device)
         return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
-    @staticmethod
-    def _cpu(fn, warmup: int, min_reps: int, max_reps: int, target_s: float) -> float:
+    def _cpu(self, fn, warmup: int, min_reps: int, max_reps: int, target_s: float) -> float:
+        clock = self.clock
         for _ in range(warmup):
             fn()
         times: List[float] = []
-        deadline = time.perf_counter() + target_s
-        while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < deadline):
-            t0 = time.perf_counter()
+        deadline = clock() + target_s
+        while len(times) < max_reps and (len(times) < min_reps or clock() < deadline):
+            t0 = clock()
             fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.append((clock() - t0) * 1e3)
         return statistics.median(times)

@@ -42,6 +42,8 @@ class Plan:
     problem: AttentionProblem
     key: Optional[TuneKey] = None
     expected_ms: Optional[float] = None
+    #: relative noise of ``expected_ms`` (the tuner's confirmation round); None where not measured
+    expected_spread: Optional[float] = None
     runner_up: Optional[str] = None
     runner_up_ms: Optional[float] = None
     reasons: Tuple[str, ...] = ()
@@ -68,6 +70,7 @@ class Plan:
         return {
             "problem": self.problem.short(), "variant": self.variant, "config": self.config,
             "source": self.source, "key_id": self.key_id, "expected_ms": self.expected_ms,
+            "expected_spread": self.expected_spread,
             "runner_up": self.runner_up, "runner_up_ms": self.runner_up_ms, "reasons": list(self.reasons),
         }
 
@@ -78,7 +81,8 @@ class Plan:
                  f"variant   {self.variant}  config {cfg}",
                  f"source    {self.source}" + (f"  (key {self.key_id})" if self.key is not None else "")]
         if self.expected_ms is not None:
-            lines.append(f"expected  {self.expected_ms:.4f} ms"
+            spread = f" ±{self.expected_spread * 100:.1f}%" if self.expected_spread is not None else ""
+            lines.append(f"expected  {self.expected_ms:.4f} ms{spread}"
                          + ("  (measured at the neighbouring bucket)" if self.source == "nearest" else ""))
         if self.runner_up:
             lines.append(f"runner-up {self.runner_up}"

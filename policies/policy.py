@@ -145,7 +145,8 @@ def _make(name: str, config: Optional[dict], source: str, problem: AttentionProb
         runner_up, runner_up_ms = rec.runner_up, rec.runner_up_ms
         reasons = list(reasons) + [_timing_note(rec.key)]
     return Plan(variant=name, config=cfg, source=source, problem=problem, key=key,
-                expected_ms=rec.median_ms if rec is not None else None, runner_up=runner_up,
+                expected_ms=rec.median_ms if rec is not None else None,
+                expected_spread=rec.spread if rec is not None else None, runner_up=runner_up,
                 runner_up_ms=runner_up_ms, reasons=tuple(reasons), impl=v)
 
 

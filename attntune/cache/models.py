@@ -35,6 +35,9 @@ class WinnerRecord(BaseModel):
     #: relative error ||out - ref|| / ||ref|| on the tuning inputs (the figure of merit of approximate
     #: variants; recorded for exact ones too)
     rel_error: Optional[float] = None
+    #: relative noise of ``median_ms`` from the confirmation round (:mod:`attntune.autotune.confirm`);
+    #: None for rows tuned before it existed
+    spread: Optional[float] = None
     fingerprint: SoftwareFingerprint
     trials: int = 0
     tuning_seconds: float = 0.0
@@ -88,6 +91,7 @@ def row_to_record(row: Dict[str, Any]) -> WinnerRecord:
         sdpa_default_ms=row.get("sdpa_default_ms"),
         max_error=row.get("max_error"),
         rel_error=row.get("rel_error"),
+        spread=row.get("spread"),
         fingerprint=SoftwareFingerprint.model_validate_json(row["fingerprint_json"]),
         trials=row.get("trials") or 0,
         tuning_seconds=row.get("tuning_seconds") or 0.0,
@@ -128,6 +132,7 @@ def record_to_row(rec: WinnerRecord) -> Dict[str, Any]:
         "sdpa_default_ms": rec.sdpa_default_ms,
         "max_error": rec.max_error,
         "rel_error": rec.rel_error,
+        "spread": rec.spread,
         "fingerprint_json": rec.fingerprint.model_dump_json(),
         "trials": rec.trials,
         "tuning_seconds": rec.tuning_seconds,

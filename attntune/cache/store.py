@@ -208,10 +208,12 @@ class CacheStore:
         """Bring an older schema up to SCHEMA_VERSION, one step per version."""
         self._create_tables()  # tables added since (claims, …)
         cols = {c["name"] for c in inspect(self.engine).get_columns("winners")}
-        if version < 2 and "rel_error" not in cols:
+        for since, col in ((2, "rel_error"), (3, "spread")):
+            if version >= since or col in cols:
+                continue
             try:
                 with self.engine.begin() as c:
-                    c.execute(text("ALTER TABLE winners ADD COLUMN rel_error FLOAT"))
+                    c.execute(text(f"ALTER TABLE winners ADD COLUMN {col} FLOAT"))
             except (OperationalError, ProgrammingError) as e:
                 # Two processes migrating one cache: the second finds the column there already.
                 if "duplicate column" not in str(e) and "already exists" not in str(e):
@@ -271,7 +273,8 @@ class CacheStore:
         convert is kept raw, for :func:`~attntune.cache.models.judge` to reject that row alone."""
         procs = self._procs.get(table.name)
         if procs is None:
-            procs = {c.name: c.type.result_processor(self.engine.dialect, None) for c in table.c}
+            dialect = self.engine.dialect
+            procs = {c.name: c.type.dialect_impl(dialect).result_processor(dialect, None) for c in table.c}
             self._procs[table.name] = procs
         out = dict(row)
         for name, value in out.items():

@@ -81,7 +81,8 @@ def _show_cells(r) -> List[str]:
     if rec is None:
         return [r.key_id, "-", "-", "-", "-", "-", "-", "-", f"{r.status}: {'; '.join(r.reasons)}", r.origin]
     sp = rec.speedup
-    return [rec.key.short(), rec.key.device.arch, rec.variant, fmt_config(rec.config), fmt_ms(rec.median_ms),
+    return [rec.key.short(), rec.key.device.arch, rec.variant, fmt_config(rec.config),
+            fmt_ms(rec.median_ms, rec.spread),
             f"{rec.tflops:.1f}" if rec.tflops else "-", f"{sp:.2f}x" if sp else "-", rec.runner_up or "-",
             r.status if r.status == "valid" else f"{r.status}: {'; '.join(r.reasons)}", r.origin]
 

@@ -299,6 +299,24 @@ def tune(
         raise typer.Exit(130)
     if view.errors:
         raise typer.Exit(1)
+    _fail_if_nothing_done(results)
+
+
+def _fail_if_nothing_done(results) -> None:
+    """A run that leaves no key with a valid winner (every key unfinished, without a passing variant, or
+    failed) did not do what was asked: say why in one line and exit 1. Skipped keys (already valid) and
+    keys another worker finished count as done."""
+    done = {"tuned", "skipped", "done-elsewhere"}
+    if not results or any(r.status in done for r in results):
+        return
+    why: dict = {}
+    for r in results:
+        reason = (r.reason or r.status).splitlines()[0]
+        why[f"{r.status}: {reason}"] = why.get(f"{r.status}: {reason}", 0) + 1
+    worst = max(why, key=why.get)
+    err_console.print(f"attntune: error: 0 of {len(results)} keys got a winner ({worst}"
+                      + (f"; and {len(why) - 1} other reasons" if len(why) > 1 else "") + ")")
+    raise typer.Exit(1)
 
 
 @app.command()
