@@ -11,10 +11,11 @@ Statistic per candidate, over its round measurements ``r_1 <= … <= r_n``:
 
 * **CPU: the minimum of the round medians**; noise ``(r_2 - r_1) / r_1``, how reproducible that minimum
   is. Preemption only ever adds time, so the smallest round median is the one least disturbed. Measured
-  on the 2-core development machine while a test suite ran beside it
-  (``benchmarks/results/cpu_clock_noise.json``): a plain median of 50 calls varied by a coefficient of
-  variation of 119 % across 12 repeats (0.97-7.7 ms for a 0.97 ms call); the minimum of 5 round medians by
-  1.4 %.
+  on the 2-core development machine with two busy processes beside it
+  (``benchmarks/cpu_clock_noise.py``, ``benchmarks/results/cpu_clock_noise.json``; a 0.97 ms SDPA call,
+  12 repeats): the plain median of 50 calls varied with a coefficient of variation of 9.9 % (up to
+  1.40 ms), the median of 5 round medians 36.6 %, their minimum 3.2 % (0.99-1.11 ms). With a test suite
+  running beside it instead, 119 % against 1.4 % (an earlier run of the same measurement).
 * **GPU: the median of the round medians**; noise half their range over the median. Device time is not
   preempted the way a CPU thread is; the median does not reward a lucky round.
 
