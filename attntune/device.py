@@ -69,6 +69,11 @@ class SoftwareFingerprint(BaseModel):
             reasons.append("variant source changed")
         return reasons
 
+    def same_source(self, current: "SoftwareFingerprint") -> bool:
+        """True when the winner's variant source is the one running now: a row stale only by versions
+        (torch, triton, CUDA) still names a correct implementation and is a useful *hint*."""
+        return self.variant_hash == current.variant_hash
+
 
 def _major_minor(v: Optional[str]) -> Optional[str]:
     if v is None:

@@ -12,7 +12,7 @@ import threading
 from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from attntune.cache import CacheStore, LayeredCache, WinnerRecord
+from attntune.cache import CachedRow, CacheStore, LayeredCache, WinnerRecord
 from attntune.cache.layered import user_cache_url, warn_once
 from attntune.key import TuneKey
 from attntune.policies.config import LOG
@@ -40,6 +40,8 @@ class CacheIndex:
         self.user_url = user_url
         self.timeout_s = timeout_s
         self._user: Optional[CacheStore] = None
+        #: key_id -> the stale-by-versions row of keys without a valid one (see CachedRow.hint)
+        self.hints: Dict[str, CachedRow] = {}
         self._lock = threading.Lock()
         for rec in records:
             self.add(rec)
@@ -59,14 +61,18 @@ class CacheIndex:
                                     "using heuristic dispatch")
             return cls(error=str(e), user_url=url, timeout_s=timeout_s)
         try:
-            records = layers.valid_records()
+            rows = list(layers.effective().values())
         except Exception as e:  # noqa: BLE001
             warn_once("index:read", f"tuning cache could not be read ({type(e).__name__}: {e}); "
                                     "using heuristic dispatch")
             return cls(layers=layers, error=str(e), user_url=url, timeout_s=timeout_s)
-        idx = cls(records, layers=layers, user_url=url, timeout_s=timeout_s)
-        LOG.debug("cache index: %d valid rows from %s", len(idx.by_id),
+        idx = cls([r.record for r in rows if r.status == "valid"], layers=layers, user_url=url, timeout_s=timeout_s)
+        idx.hints = {r.key_id: r for r in rows if r.status == "stale" and r.hint}
+        LOG.debug("cache index: %d valid rows, %d hints from %s", len(idx.by_id), len(idx.hints),
                   ", ".join(f"{label}={st.url}" for label, st in layers.layers) or "no layer")
+        if idx.hints:  # one line for the process, never per call
+            LOG.info("%d cached rows were tuned under other torch/triton/CUDA versions and serve as hints; "
+                     "`attntune tune --revalidate` re-times them for this software", len(idx.hints))
         return idx
 
     def add(self, rec: WinnerRecord) -> None:
@@ -101,6 +107,10 @@ class CacheIndex:
     # ---- lookups ----------------------------------------------------------------------------------
     def exact(self, key: TuneKey) -> Optional[WinnerRecord]:
         return self.by_id.get(key.key_id)
+
+    def hint(self, key: TuneKey) -> Optional[CachedRow]:
+        """The key's row tuned under other versions of torch/triton/CUDA (same variant source), if any."""
+        return self.hints.get(key.key_id)
 
     def nearest(self, key: TuneKey, max_distance: float = MAX_NEAREST_DISTANCE
                 ) -> List[Tuple[float, WinnerRecord]]:

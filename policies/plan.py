@@ -23,7 +23,7 @@ from attntune.problem import AttentionProblem
 #: ``heuristic`` — the rule table of :mod:`attntune.policies.policy`; ``fixed`` — ``ATTNTUNE_POLICY=fixed:NAME``;
 #: ``online`` — tuned in this process by the online policy; ``fallback`` — the safe variant (torch SDPA,
 #: else eager): ``ATTNTUNE_DISABLE``, above ``ATTNTUNE_MAX_SEQLEN``, or after the planned variant failed.
-Source = Literal["tuned", "nearest", "heuristic", "fixed", "online", "fallback"]
+Source = Literal["tuned", "hint", "nearest", "heuristic", "fixed", "online", "fallback"]
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,6 +1,8 @@
 """Policies: how a problem becomes a :class:`~attntune.policies.plan.Plan`.
 
-* ``tuned`` (default): the exact key's cached winner → the nearest tuned bucket of the same family
+* ``tuned`` (default): the exact key's cached winner → its *hint* (the key's row tuned on this device
+  under other torch/triton/CUDA versions with the same variant source: still a correct implementation
+  and very likely a good one; counted as a miss) → the nearest tuned bucket of the same family
   (``TuneKey.family()``, within :data:`~attntune.policies.index.MAX_NEAREST_DISTANCE`) → heuristic.
 * ``heuristic``: the rule table :data:`HEURISTIC_RULES` below, for devices nobody tuned.
 * ``fixed:NAME``: one variant for everything it supports; the safe fallback for the rest.
@@ -285,6 +287,13 @@ def resolve(problem: AttentionProblem, key: TuneKey, cfg: RuntimeConfig, index_f
             return p, False
     else:
         notes.append(f"no tuned row for key {key.short()}")
+    hint = index.hint(key) if rec is None else None
+    if hint is not None:
+        p = _from_record(hint.record, "hint", problem, key, quarantine, notes,
+                         f"hint: tuned here under other versions ({'; '.join(hint.reasons)}); "
+                         "`attntune tune --revalidate` re-times it")
+        if p is not None:
+            return p, True
     if cfg.policy == "online" and not dry:
         rec = _online(problem, key, index, cfg, notes, warn)
         if rec is not None:

@@ -157,6 +157,10 @@ class LayeredCache:
     def valid_records(self):
         return [r.record for r in self.effective().values() if r.status == "valid"]
 
+    def hint_records(self):
+        """Records of keys without a valid row whose applying row is a hint (stale by versions only)."""
+        return [r.record for r in self.effective().values() if r.status == "stale" and r.hint]
+
     def close(self) -> None:
         for _, st in self.layers:
             st.dispose()

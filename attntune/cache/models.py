@@ -74,6 +74,10 @@ class CachedRow(BaseModel):
     status: Status
     reasons: List[str] = []
     record: Optional[WinnerRecord] = None
+    #: a stale row whose variant source is unchanged (only torch/triton/CUDA versions differ): the
+    #: runtime uses it as a *hint* — below an exact valid row, above nearest buckets and heuristics —
+    #: and ``attntune tune --revalidate`` re-times it into a valid row
+    hint: bool = False
 
 
 def row_to_record(row: Dict[str, Any]) -> WinnerRecord:
@@ -181,5 +185,6 @@ def judge(raw: Dict[str, Any], origin: str) -> CachedRow:
     current = software_fingerprint(variant.source_hash(), rec.key.device.device_type)
     stale = rec.fingerprint.stale_reasons(current)
     if stale:
-        return CachedRow(key_id=key_id, origin=origin, status="stale", reasons=stale, record=rec)
+        return CachedRow(key_id=key_id, origin=origin, status="stale", reasons=stale, record=rec,
+                         hint=rec.fingerprint.same_source(current))
     return CachedRow(key_id=key_id, origin=origin, status="valid", record=rec)

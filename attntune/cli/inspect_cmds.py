@@ -84,7 +84,8 @@ def _show_cells(r) -> List[str]:
     return [rec.key.short(), rec.key.device.arch, rec.variant, fmt_config(rec.config),
             fmt_ms(rec.median_ms, rec.spread),
             f"{rec.tflops:.1f}" if rec.tflops else "-", f"{sp:.2f}x" if sp else "-", rec.runner_up or "-",
-            r.status if r.status == "valid" else f"{r.status}: {'; '.join(r.reasons)}", r.origin]
+            r.status if r.status == "valid" else
+            f"{r.status}{' (used as a hint)' if r.hint else ''}: {'; '.join(r.reasons)}", r.origin]
 
 
 @app.command("export")
@@ -183,6 +184,7 @@ def _layer_entry(label: str, url: Optional[str], state: str, reason: Optional[st
     n = Counter(r.status for r in rows or [])
     return {"layer": label, "url": url, "state": state, "reason": reason, "readonly": label != "user",
             "rows": None if rows is None else len(rows), **{s: None if rows is None else n[s] for s in STATUSES},
+            "hints": None if rows is None else sum(r.hint for r in rows),
             "problems": [f"{r.key_id}: {r.status}: {'; '.join(r.reasons)}" for r in rows or []
                          if r.status != "valid"]}
 
@@ -277,6 +279,11 @@ def doctor(
     console.print(f"[bold]python[/bold]   {report['python']} on {report['platform']}")
     console.print(f"[bold]fp32 matmul precision[/bold] {report['float32_matmul_precision']}")
     _print_layers(caches, show_all)
+    hints = sum(c.get("hints") or 0 for c in caches)
+    if hints:  # one info line: stale by versions only, still used (attntune.policies.policy)
+        console.print(f"[bold]hints[/bold]    {hints} stale rows were tuned under other torch/triton/CUDA versions "
+                      "with today's variant sources: dispatch uses them as hints (below exact rows); "
+                      "`attntune tune --revalidate` re-times them for this software")
     t = Table(title=f"variants on this device (probes: {', '.join(probes)})")
     for c in ("variant", "family", "exact", *probes):
         t.add_column(c, overflow="fold")

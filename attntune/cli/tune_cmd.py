@@ -200,6 +200,12 @@ def tune(
     quick: bool = typer.Option(
         False, "--quick", help="Few timing repetitions (smoke tests, CI): faster, less precise rankings."
     ),
+    revalidate: bool = typer.Option(
+        False,
+        "--revalidate",
+        help="Re-time the hints of this device (rows tuned under other torch/triton/CUDA versions, e.g. "
+        "the shipped cache after an upgrade) against their runner-up and SDPA, into the target cache.",
+    ),
 ) -> None:
     """Tune attention variants for a suite of problem keys (or given shapes) on this machine.
 
@@ -228,6 +234,12 @@ def tune(
     if suite and shape:
         raise typer.BadParameter("give --suite or --shape, not both", param_hint="--shape")
     cache_url = cache or user_cache_url()
+    if revalidate:
+        if suite or shape or from_misses or force:
+            raise typer.BadParameter("cannot be combined with --suite, --shape, --from-misses or --force",
+                                     param_hint="--revalidate")
+        _revalidate(cache_url, dev, TimingOptions.quick() if quick else None)
+        return
     problems = None if from_misses else _problems_from_args(suite, shape, dev, dtype, mode)
     # Before anything is measured: a cache that cannot be written fails now, in one line, rather than
     # after the first key's minutes of tuning.
@@ -299,6 +311,30 @@ def tune(
         raise typer.Exit(130)
     if view.errors:
         raise typer.Exit(1)
+    _fail_if_nothing_done(results)
+
+
+def _revalidate(cache_url: str, dev, timing) -> None:
+    """``tune --revalidate``: every hint of this device re-timed into the target cache."""
+    from attntune.autotune.revalidate import hints_for, revalidate
+    from attntune.cache import LayeredCache
+
+    store = open_target(cache_url)
+    layers = LayeredCache.open_default(user_url=cache_url, user_readonly=True)
+    try:
+        if not hints_for(layers, dev):
+            console.print("No hints for this device: every cached row of it is valid, or none exists.")
+            return
+        progress = _progress()
+        view = _ProgressView(progress)
+        with progress:
+            results = revalidate(layers, store, dev, timing, on_event=view)
+    finally:
+        layers.close()
+        store.dispose()
+    console.print(_summary(results))
+    console.print(f"{sum(r.status == 'tuned' for r in results)} of {len(results)} hints revalidated into "
+                  f"{cache_url}")
     _fail_if_nothing_done(results)
 
 
