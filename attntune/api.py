@@ -13,9 +13,27 @@ Environment switches are documented in :mod:`attntune.policies.config` and ``doc
 
 from attntune.policies.dispatch import (attention, disable, dispatch, enable, explain, is_enabled,
                                         scaled_dot_product_attention)
-from attntune.policies.plan import Plan, plan
-from attntune.policies.runtime import reset
+from attntune.policies import runtime as _runtime
+from attntune.policies.plan import Plan
+from attntune.policies.runtime import plan, reset
 from attntune.policies.telemetry import metrics_text, stats
+
+
+def _tune_one(problem, store, trials: int, time_limit: float):
+    """The online policy's tuner (``ATTNTUNE_POLICY=online``): :func:`attntune.autotune.tune_one`, imported
+    on first use (it pulls in optuna). Handed to the runtime from here, the layer above the policies."""
+    from attntune.autotune import tune_one
+
+    return tune_one(problem, store, trials=trials, time_limit=time_limit)
+
+
+try:  # the tuner package is part of attntune; without it the online policy says so once
+    import importlib.util as _ilu
+
+    if _ilu.find_spec("attntune.autotune") is not None:
+        _runtime.ONLINE_TUNER = _tune_one
+except (ImportError, ValueError):
+    pass
 
 __all__ = ["attention", "scaled_dot_product_attention", "dispatch", "enable", "disable", "is_enabled",
            "explain", "plan", "Plan", "stats", "metrics_text", "reset"]

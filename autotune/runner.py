@@ -32,6 +32,7 @@ from attntune.autotune.study import MEMORY, default_storage_url, open_storage
 from attntune.autotune.sweep import Event, FatalDeviceError, KeyResult, KeyTuner, SweepOptions
 from attntune.autotune.timing import TimingOptions
 from attntune.cache.layered import system_cache_path, user_cache_url
+from attntune.kernels import registry
 from attntune.cache.models import WinnerRecord, judge, utcnow
 from attntune.cache.store import CacheStore
 from attntune.device import device_fingerprint
@@ -74,7 +75,7 @@ def _needs_tuning(
     only by a faster result (not forced: ``--force`` never stores a slower winner over a valid row)."""
     if raw is None:
         return True, None, False
-    verdict = judge(raw, "user")
+    verdict = judge(raw, "user", registry)
     if verdict.status != "valid":
         return True, None, True
     if force and verdict.record.created_at < run_start:

@@ -149,7 +149,7 @@ def neighbour_configs(
                 continue
             if other.family() != fam or other.key_id == key.key_id:
                 continue
-            verdict = judge(raw, "neighbour")
+            verdict = judge(raw, "neighbour", registry)
             if verdict.status != "valid" or verdict.record is None:
                 continue
             rec = verdict.record

@@ -6,6 +6,7 @@ Nothing else in attntune branches on variant names; it asks the registry and the
 from __future__ import annotations
 
 import os
+import sys
 from typing import Dict, List, Optional, Tuple
 
 from attntune.kernels.base import Variant
@@ -85,3 +86,13 @@ def candidates(problem: AttentionProblem) -> List[Variant]:
 
 def explain_candidates(problem: AttentionProblem) -> List[Tuple[Variant, List[str]]]:
     return [(v, reasons(v, problem)) for v in _REGISTRY.values()]
+
+
+def _register_with_the_cache() -> None:
+    """Hand this registry to the cache's row judging (the cache never imports the kernels)."""
+    from attntune.cache import models
+
+    models.set_variant_lookup(sys.modules[__name__])
+
+
+_register_with_the_cache()

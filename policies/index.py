@@ -14,6 +14,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from attntune.cache import CachedRow, CacheStore, LayeredCache, WinnerRecord
 from attntune.cache.layered import user_cache_url, warn_once
+from attntune.kernels import registry
 from attntune.key import TuneKey
 from attntune.policies.config import LOG
 
@@ -55,7 +56,7 @@ class CacheIndex:
         that goes wrong is reported here, once) and dispatch uses what is left, down to heuristics."""
         url = user_cache_url()
         try:
-            layers = LayeredCache.open_default(timeout_s=timeout_s, user_readonly=True)
+            layers = LayeredCache.open_default(timeout_s=timeout_s, user_readonly=True, variants=registry)
         except Exception as e:  # noqa: BLE001 — a broken cache must never take the application down
             warn_once("index:open", f"tuning cache could not be opened ({type(e).__name__}: {e}); "
                                     "using heuristic dispatch")

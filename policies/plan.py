@@ -92,11 +92,3 @@ class Plan:
 
     def __str__(self) -> str:
         return self.describe()
-
-
-def plan(problem: AttentionProblem, device: Optional[torch.device | str] = None) -> Plan:
-    """The plan for ``problem`` on ``device`` (default: the problem's device type, current index),
-    resolved once per process by the active policy and cached; misses are recorded like a call's."""
-    from attntune.policies import runtime
-
-    return runtime.get().plan_for(problem, device)

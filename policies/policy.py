@@ -233,14 +233,15 @@ def _from_record(rec: WinnerRecord, source: str, problem: AttentionProblem, key:
 
 
 def _online(problem: AttentionProblem, key: TuneKey, index: CacheIndex, cfg: RuntimeConfig,
-            notes: List[str], warn: Callable[[str, str], None]) -> Optional[WinnerRecord]:
-    """Tune ``key`` now with the tuner (imported lazily: it pulls in optuna); None when it cannot."""
-    try:
-        from attntune.autotune import tune_one  # noqa: PLC0415
-    except ImportError as e:
-        warn("online:import", f"ATTNTUNE_POLICY=online needs attntune.autotune.tune_one ({e}); "
-                                   "untuned keys use the nearest bucket or heuristics")
-        notes.append("online tuning unavailable (attntune.autotune.tune_one missing)")
+            notes: List[str], warn: Callable[[str, str], None],
+            tuner: Optional[Callable[..., Optional[WinnerRecord]]]) -> Optional[WinnerRecord]:
+    """Tune ``key`` now with ``tuner`` — ``tune_one(problem, store, trials=, time_limit=)``, handed down by
+    the layer above (:data:`attntune.policies.runtime.ONLINE_TUNER`, set by :mod:`attntune.api`): the
+    policies never import the tuner (and optuna) themselves. None when it cannot."""
+    if tuner is None:
+        warn("online:import", "ATTNTUNE_POLICY=online has no tuner (attntune.autotune is not installed); "
+                              "untuned keys use the nearest bucket or heuristics")
+        notes.append("online tuning unavailable (no tuner)")
         return None
     store = index.user
     if store is None:
@@ -248,7 +249,7 @@ def _online(problem: AttentionProblem, key: TuneKey, index: CacheIndex, cfg: Run
         return None
     LOG.info("online: tuning %s (%d trials, %.0f s)", key.short(), cfg.online_trials, cfg.online_seconds)
     try:
-        rec = tune_one(problem, store, trials=cfg.online_trials, time_limit=cfg.online_seconds)
+        rec = tuner(problem, store, trials=cfg.online_trials, time_limit=cfg.online_seconds)
     except Exception as e:  # noqa: BLE001 — tuning is best effort; the call must still be served
         warn(f"online:{key.key_id}", f"online tuning of {key.short()} failed ({type(e).__name__}: {e})")
         notes.append(f"online tuning failed: {type(e).__name__}: {e}")
@@ -262,7 +263,8 @@ def _online(problem: AttentionProblem, key: TuneKey, index: CacheIndex, cfg: Run
 
 def resolve(problem: AttentionProblem, key: TuneKey, cfg: RuntimeConfig, index_fn: Callable[[], CacheIndex],
             quarantine: Quarantine, dry: bool = False,
-            warn: Callable[[str, str], None] = warn_once) -> Tuple[Plan, bool]:
+            warn: Callable[[str, str], None] = warn_once,
+            tuner: Optional[Callable[..., Optional[WinnerRecord]]] = None) -> Tuple[Plan, bool]:
     """Decide the plan for ``problem`` (whose key is ``key``). Returns ``(plan, missed)``: ``missed``
     is True when a cache-consulting policy found no exact tuned row (the key is worth tuning).
     ``dry`` (explain): never tune online."""
@@ -295,7 +297,7 @@ def resolve(problem: AttentionProblem, key: TuneKey, cfg: RuntimeConfig, index_f
         if p is not None:
             return p, True
     if cfg.policy == "online" and not dry:
-        rec = _online(problem, key, index, cfg, notes, warn)
+        rec = _online(problem, key, index, cfg, notes, warn, tuner)
         if rec is not None:
             p = _from_record(rec, "online", problem, key, quarantine, notes, "tuned online")
             if p is not None:

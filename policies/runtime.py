@@ -78,6 +78,9 @@ SLOTS: Dict[tuple, Slot] = {}
 FAMILIES: Dict[tuple, Slot] = {}
 #: seconds between background writes of misses (the first write happens this long after the first miss)
 MISS_FLUSH_SECONDS = 5.0
+#: the online policy's tuner, ``tune_one(problem, store, trials=, time_limit=) -> WinnerRecord | None``;
+#: set by the layer above (:mod:`attntune.api`) so that the policies never import the tuner themselves
+ONLINE_TUNER: Optional[Callable] = None
 #: ``ATTNTUNE_CHECK`` of the current runtime (a module global: the hot path reads it without a call)
 CHECK = False
 #: calls with no slot: drop-in calls with a mask or dropout, handed to torch before any look-up
@@ -166,6 +169,7 @@ class Runtime:
             missed = False
             if plan is None:
                 plan, missed = resolve(problem, key, self.config, self.index, self.quarantine, dry=dry,
+                                       tuner=ONLINE_TUNER,
                                        warn=self.warn_once)
                 if not dry:
                     self.by_key[kk] = plan
@@ -321,6 +325,12 @@ def get() -> Runtime:
                 atexit.register(_at_exit)
                 _ATEXIT = True
         return _RT
+
+
+def plan(problem: AttentionProblem, device: Optional[torch.device | str] = None) -> Plan:
+    """The plan for ``problem`` on ``device`` (default: the problem's device type, current index),
+    resolved once per process by the active policy and cached; misses are recorded like a call's."""
+    return get().plan_for(problem, device)
 
 
 def reset() -> None:

@@ -405,7 +405,7 @@ def test_slot_overflow_keeps_working(monkeypatch):
 
 
 def test_plan_api_caches_and_runs():
-    from attntune.policies import plan as plan_fn
+    from attntune import plan as plan_fn
 
     q, k, v = rand_qkv(2, 4, 2, 6, 9, 16)
     problem = problem_from_tensors(q, k, v, causal=True)

@@ -93,13 +93,15 @@ class LayeredCache:
     configured layers that could not be opened (or, once read, could not be read): they are skipped,
     never fatal."""
 
-    def __init__(self, layers: List[Tuple[str, CacheStore]], failures: Optional[List[LayerFailure]] = None):
+    def __init__(self, layers: List[Tuple[str, CacheStore]], failures: Optional[List[LayerFailure]] = None,
+                 variants=None):
         self.layers = layers
         self.failures: List[LayerFailure] = list(failures or [])
+        self.variants = variants  # what judge() checks rows against (see attntune.cache.models.judge)
 
     @classmethod
     def open_default(cls, user_url: Optional[str] = None, system: bool = True, timeout_s: Optional[float] = None,
-                     user_readonly: bool = False) -> "LayeredCache":
+                     user_readonly: bool = False, variants=None) -> "LayeredCache":
         """The user cache (``user_url`` or :func:`user_cache_url`), then the shipped system cache.
 
         ``user_readonly``: open the user cache read-only and only if it exists (the runtime reads it
@@ -117,7 +119,7 @@ class LayeredCache:
             st = open_store(str(sys_path), readonly=True, label="system", timeout_s=timeout_s, failures=failures)
             if st is not None:
                 layers.append(("system", st))
-        return cls(layers, failures)
+        return cls(layers, failures, variants)
 
     @property
     def user(self) -> Optional[CacheStore]:
@@ -141,7 +143,7 @@ class LayeredCache:
         """Every row of every layer, judged (shadowed rows of lower layers included)."""
         out = []
         for label, st in self.layers:
-            out.extend(judge(raw, label) for raw in self._raw(label, st))
+            out.extend(judge(raw, label, self.variants) for raw in self._raw(label, st))
         return out
 
     def effective(self) -> Dict[str, CachedRow]:

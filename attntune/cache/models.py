@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -155,11 +155,34 @@ def _first_error(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def judge(raw: Dict[str, Any], origin: str) -> CachedRow:
+class VariantLookup(Protocol):
+    """What judging a row needs from the kernels (:mod:`attntune.kernels.registry` is one): whether a
+    variant exists, and the variant (its ``space(problem).validate(config)`` and ``source_hash()``)."""
+
+    def exists(self, name: str) -> bool: ...
+
+    def get(self, name: str) -> Any: ...
+
+
+#: the lookup :func:`judge` uses when none is passed: the kernel registry registers itself here when it is
+#: imported (kernels import the core, never the other way round)
+_LOOKUP: Optional[VariantLookup] = None
+
+
+def set_variant_lookup(lookup: VariantLookup) -> None:
+    global _LOOKUP
+    _LOOKUP = lookup
+
+
+def judge(raw: Dict[str, Any], origin: str, variants: Optional[VariantLookup] = None) -> CachedRow:
     """Validate one raw row: parse it, check the variant exists, its config is inside the variant's
     declared space, its key matches its id, and its fingerprint matches the running software.
-    Never raises; a bad row is returned as ``rejected`` (or ``stale``) with the reasons."""
-    from attntune.kernels import registry  # kernels import the core, not the other way round
+    ``variants``: the kernels' registry (default: the one registered by :mod:`attntune.kernels.registry`).
+    Never raises on a bad row; it is returned as ``rejected`` (or ``stale``) with the reasons."""
+    registry = variants or _LOOKUP
+    if registry is None:
+        raise RuntimeError("judging a cached row needs the variant registry: pass "
+                           "variants=attntune.kernels.registry (or import it first)")
 
     key_id = str(raw.get("key_id", "?"))
     try:

@@ -42,6 +42,13 @@ def warn_line(msg: str) -> None:
 # ---- opening caches --------------------------------------------------------------------------------
 
 
+def _registry():
+    """The kernel registry (imported on first need: it loads torch and Triton), for judging rows."""
+    from attntune.kernels import registry
+
+    return registry
+
+
 def read_layers(cache: Optional[str], system: bool = True, strict: bool = True,
                 effective: bool = True) -> Tuple["LayeredCache", Any]:
     """Open the layered cache the read commands use and read it once: ``--cache URL`` replaces the
@@ -64,7 +71,8 @@ def read_layers(cache: Optional[str], system: bool = True, strict: bool = True,
         # The library warns once per unusable layer (two lines, with a source line); the CLI says it
         # itself, in one line, or as an error.
         warnings.filterwarnings("ignore", message="attntune: ", category=RuntimeWarning)
-        layers = LayeredCache.open_default(user_url=cache, system=system, user_readonly=True)
+        layers = LayeredCache.open_default(user_url=cache, system=system, user_readonly=True,
+                                            variants=_registry())
         rows = layers.effective() if effective else layers.all_rows()
     if strict:
         if cache is not None and user_layer_missing(layers):

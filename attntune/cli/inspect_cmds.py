@@ -122,6 +122,7 @@ def import_cmd(
     from pydantic import ValidationError
 
     from attntune.cache import WinnerRecord, judge, user_cache_url
+    from attntune.kernels import registry
     from attntune.cache.models import record_to_row
 
     try:
@@ -141,7 +142,7 @@ def import_cmd(
         except ValidationError as e:
             rejected.append(f"record {i}: malformed ({e.error_count()} errors: {e.errors()[0]['msg']})")
             continue
-        verdict = judge(record_to_row(rec), "import")
+        verdict = judge(record_to_row(rec), "import", registry)
         if verdict.status == "rejected" or (verdict.status == "stale" and not allow_stale):
             rejected.append(f"record {i} ({rec.key.short()}): {verdict.status}: {'; '.join(verdict.reasons)}")
             continue

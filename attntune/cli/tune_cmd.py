@@ -320,7 +320,9 @@ def _revalidate(cache_url: str, dev, timing) -> None:
     from attntune.cache import LayeredCache
 
     store = open_target(cache_url)
-    layers = LayeredCache.open_default(user_url=cache_url, user_readonly=True)
+    from attntune.kernels import registry
+
+    layers = LayeredCache.open_default(user_url=cache_url, user_readonly=True, variants=registry)
     try:
         if not hints_for(layers, dev):
             console.print("No hints for this device: every cached row of it is valid, or none exists.")
