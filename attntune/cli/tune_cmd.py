@@ -140,7 +140,7 @@ def _summary(results) -> Table:
         t.add_row(
             r.key.short(),
             rec.variant if rec else "-",
-            fmt_ms(rec.median_ms) if rec else "-",
+            fmt_ms(rec.median_ms, rec.spread) if rec else "-",
             f"{sp:.2f}x" if sp else "-",
             str(r.trials if r.status != "skipped" else (rec.trials if rec else 0)),
             str(r.failed),
