@@ -271,6 +271,8 @@ class CacheStore:
         """A raw row with each value converted as its column's type would (SQLite's timestamp text
         becomes a datetime, as PostgreSQL's driver returns it), value by value: a value that does not
         convert is kept raw, for :func:`~attntune.cache.models.judge` to reject that row alone."""
+        if self.dialect != "sqlite":
+            return dict(row)  # typed databases: the driver already returns typed values, column by column
         procs = self._procs.get(table.name)
         if procs is None:
             dialect = self.engine.dialect
