@@ -86,7 +86,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     → ``([B, Sq, Hq, Dv], None)``. ``attention_mask`` is None, a ``kv_lens`` tensor ``[B]`` from
     :func:`attention_mask`, or a materialised mask (see the module docstring for which calls attntune
     serves)."""
-    from attntune.policies.dispatch import attention
+    from attntune.api import attention  # the API layer: it also hands the runtime its online tuner
 
     kv_lens = _lens_of(attention_mask)
     unsupported = (dropout != 0.0 or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None
