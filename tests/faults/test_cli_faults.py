@@ -84,21 +84,20 @@ def _bad_url(tmp):
     return "nosuchdialect://x"
 
 
-# case -> (builder, words the error line must contain (any of them: the store words its reasons),
-# skip reason or None)
+# case -> (builder, words the error line must contain (any of them: the store words its reasons))
 CASES = {
-    "random-bytes": (_random_bytes, ("not a database",), None),
-    "truncated": (_truncated, ("malformed", "not a database"), None),
-    "directory": (_directory, ("directory",), None),
-    "read-only-file": (_read_only_file, ("read-only", "readonly", "permission"), ROOT_SKIP if AS_ROOT else None),
+    "random-bytes": (_random_bytes, ("not a database",)),
+    "truncated": (_truncated, ("malformed", "not a database")),
+    "directory": (_directory, ("directory",)),
+    "read-only-file": (_read_only_file, ("read-only", "readonly", "permission")),
     # (the read commands see a file that does not exist; tune, a directory it cannot write)
-    "read-only-dir": (_in_read_only_dir, ("no such", "not writable", "read-only", "readonly", "unable to open"),
-                      ROOT_SKIP if AS_ROOT else None),
-    "schema-99": (_schema_99, ("schema version 99",), None),
-    "winners-dropped": (_winners_dropped, ("winners",), None),
-    "bad-url": (_bad_url, ("nosuchdialect",), None),
+    "read-only-dir": (_in_read_only_dir, ("no such", "not writable", "read-only", "readonly", "unable to open")),
+    "schema-99": (_schema_99, ("schema version 99",)),
+    "winners-dropped": (_winners_dropped, ("winners",)),
+    "bad-url": (_bad_url, ("nosuchdialect",)),
 }
-# The read-only cases are refused by the commands that write; reading a read-only file is fine.
+# The read-only cases are refused by the commands that write; reading a read-only file is fine
+# (test_read_commands_read_a_read_only_cache), so those pairs are not cases of this test.
 WRITE_ONLY_CASES = {"read-only-file"}
 
 COMMANDS = {
@@ -111,11 +110,18 @@ COMMANDS = {
 }
 
 
-def _case(name, tmp_path):
-    build, words, skip = CASES[name]
-    if skip:
-        pytest.skip(skip)
-    return build(tmp_path), words
+def _pairs():
+    """(command, case) pairs; those that rely on file permissions are skipped as root (the read-only
+    directory as root is covered by a bind mount in test_cache_faults.py)."""
+    out = []
+    for command in COMMANDS:
+        for case in CASES:
+            if command != "tune" and case in WRITE_ONLY_CASES:
+                continue
+            needs_permissions = case == "read-only-file" or (case == "read-only-dir" and command == "tune")
+            marks = [pytest.mark.skipif(AS_ROOT, reason=ROOT_SKIP)] if needs_permissions else []
+            out.append(pytest.param(command, case, marks=marks, id=f"{command}-{case}"))
+    return out
 
 
 def _assert_one_line_error(res, cache, words):
@@ -130,12 +136,10 @@ def _assert_one_line_error(res, cache, words):
     assert "Traceback" not in res.output
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("command, case", _pairs())
 def test_unusable_cache_is_one_line_and_exit_2(tmp_path, command, case):
-    if command != "tune" and case in WRITE_ONLY_CASES:
-        pytest.skip("reading a read-only cache is allowed (see test_read_commands_read_a_read_only_cache)")
-    cache, words = _case(case, tmp_path)
+    build, words = CASES[case]
+    cache = build(tmp_path)
     res = runner.invoke(app, [*COMMANDS[command](tmp_path), "--cache", cache])
     _assert_one_line_error(res, cache, words)
 
