@@ -27,13 +27,7 @@ def _tune_one(problem, store, trials: int, time_limit: float):
     return tune_one(problem, store, trials=trials, time_limit=time_limit)
 
 
-try:  # the tuner package is part of attntune; without it the online policy says so once
-    import importlib.util as _ilu
-
-    if _ilu.find_spec("attntune.autotune") is not None:
-        _runtime.ONLINE_TUNER = _tune_one
-except (ImportError, ValueError):
-    pass
+_runtime.ONLINE_TUNER = _tune_one
 
 __all__ = ["attention", "scaled_dot_product_attention", "dispatch", "enable", "disable", "is_enabled",
            "explain", "plan", "Plan", "stats", "metrics_text", "reset"]

@@ -74,6 +74,11 @@ def validate_window(window: Any) -> Optional[Tuple[int, int]]:
     """
     if window is None:
         return None
+    if type(window) is tuple and len(window) == 2:  # the common case, checked cheaply (attention() per call)
+        left, right = window
+        if type(left) is int and type(right) is int and -1 <= left <= WINDOW_SIDE_MAX \
+                and -1 <= right <= WINDOW_SIDE_MAX:
+            return window
     try:
         if isinstance(window, (str, bytes)) or len(window) != 2:
             raise TypeError

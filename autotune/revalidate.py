@@ -18,7 +18,7 @@ import torch
 
 from attntune.autotune import gate
 from attntune.autotune.confirm import CPU_ROUNDS, GPU_ROUNDS, Candidate, confirm
-from attntune.autotune.sweep import BASELINE, KeyResult, key_seed
+from attntune.autotune.sweep import BASELINE, KeyResult, baseline_config, key_seed
 from attntune.autotune.timing import Timer, TimingOptions, graph_timed, make_call
 from attntune.cache import CacheStore, LayeredCache, WinnerRecord, utcnow
 from attntune.device import device_fingerprint, software_fingerprint
@@ -34,13 +34,11 @@ def hints_for(layers: LayeredCache, device: torch.device) -> List[WinnerRecord]:
 def _candidates(rec: WinnerRecord, inputs, problem) -> List[Candidate]:
     """The hint's winner, its runner-up and the baseline — each still registered, able to run the key, with
     a config inside today's space, and passing the gate."""
-    wanted = [(rec.variant, rec.config, False)]
+    wanted = [(rec.variant, rec.config)]
     if rec.runner_up and rec.runner_up_config is not None:
-        wanted.append((rec.runner_up, rec.runner_up_config, False))
-    if registry.exists(BASELINE) and not registry.reasons(registry.get(BASELINE), problem):
-        wanted.append((BASELINE, registry.get(BASELINE).space(problem).first(), True))
+        wanted.append((rec.runner_up, rec.runner_up_config))
     out, seen = [], set()
-    for name, cfg, is_base in wanted:
+    for name, cfg in wanted:
         key = (name, tuple(sorted(cfg.items())))
         if key in seen or not registry.exists(name):
             continue
@@ -51,7 +49,12 @@ def _candidates(rec: WinnerRecord, inputs, problem) -> List[Candidate]:
         if not gate.check(variant, cfg, inputs).ok:
             continue
         fn, grads = make_call(variant, cfg, inputs, grads=problem.mode == "fwd_bwd")
-        out.append(Candidate(name, cfg, fn, grads, baseline=is_base or name == BASELINE))
+        out.append(Candidate(name, cfg, fn, grads, baseline=name == BASELINE))
+    if not any(c.baseline for c in out):
+        cfg = baseline_config(problem, inputs)
+        if cfg is not None:
+            fn, grads = make_call(registry.get(BASELINE), cfg, inputs, grads=problem.mode == "fwd_bwd")
+            out.append(Candidate(BASELINE, cfg, fn, grads, baseline=True))
     return out
 
 

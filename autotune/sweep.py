@@ -515,12 +515,10 @@ class KeyTuner:
         try:
             if inputs is None:
                 inputs = gate.prepare(self.problem, self.device, key_seed(self.key.key_id, self.opt.seed))
-            if not any(b for _, _, b in cands) and registry.exists(BASELINE):
-                base = registry.get(BASELINE)
-                if not registry.reasons(base, self.problem):
-                    cfg = base.space(self.problem).first()
-                    if gate.check(base, cfg, inputs).ok:
-                        cands.append((BASELINE, cfg, True))
+            if not any(b for _, _, b in cands):
+                cfg = baseline_config(self.problem, inputs)
+                if cfg is not None:
+                    cands.append((BASELINE, cfg, True))
             grads = self.problem.mode == "fwd_bwd"
             timed = []
             for name, cfg, is_base in cands:
@@ -567,23 +565,32 @@ class KeyTuner:
         for t in ok:
             if t.params.get("variant") == BASELINE:
                 return float(t.value)
-        if not registry.exists(BASELINE):
-            return None
-        variant = registry.get(BASELINE)
-        if registry.reasons(variant, self.problem):
-            return None
+        if not registry.exists(BASELINE) or registry.reasons(registry.get(BASELINE), self.problem):
+            return None  # cannot run this key: no inputs to build
         try:
             if inputs is None:
                 inputs = gate.prepare(self.problem, self.device, key_seed(self.key.key_id, self.opt.seed))
-            cfg = variant.space(self.problem).first()
-            if not gate.check(variant, cfg, inputs).ok:
+            cfg = baseline_config(self.problem, inputs)
+            if cfg is None:
                 return None
-            fn, grads = make_call(variant, cfg, inputs, grads=self.problem.mode == "fwd_bwd")
+            fn, grads = make_call(registry.get(BASELINE), cfg, inputs, grads=self.problem.mode == "fwd_bwd")
             return Timer(self.device, self.opt.timing, graphs=graph_timed(self.problem)).full(fn, grads)
         except Exception:  # noqa: BLE001 — the record then simply has no baseline
             if self.device.type == "cuda":
                 _free_device_memory(self.device)
             return None
+
+
+def baseline_config(problem, inputs) -> Optional[Dict[str, Any]]:
+    """The config of :data:`BASELINE` (torch SDPA's own choice) for ``problem`` when it is registered,
+    runs the problem and passes the gate on ``inputs``; else None."""
+    if not registry.exists(BASELINE):
+        return None
+    base = registry.get(BASELINE)
+    if registry.reasons(base, problem):
+        return None
+    cfg = base.space(problem).first()
+    return cfg if gate.check(base, cfg, inputs).ok else None
 
 
 def _summary(t: FrozenTrial) -> Dict[str, Any]:

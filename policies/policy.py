@@ -239,7 +239,7 @@ def _online(problem: AttentionProblem, key: TuneKey, index: CacheIndex, cfg: Run
     the layer above (:data:`attntune.policies.runtime.ONLINE_TUNER`, set by :mod:`attntune.api`): the
     policies never import the tuner (and optuna) themselves. None when it cannot."""
     if tuner is None:
-        warn("online:import", "ATTNTUNE_POLICY=online has no tuner (attntune.autotune is not installed); "
+        warn("online:import", "ATTNTUNE_POLICY=online has no tuner (attntune.api was not imported); "
                               "untuned keys use the nearest bucket or heuristics")
         notes.append("online tuning unavailable (no tuner)")
         return None

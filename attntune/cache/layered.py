@@ -10,6 +10,8 @@ import warnings
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
+from sqlalchemy.engine import make_url
+
 from attntune.cache.models import CachedRow, judge
 from attntune.cache.store import CacheStore, normalize_url
 
@@ -24,12 +26,13 @@ def warn_once(tag: str, msg: str) -> None:
 
 
 def _missing_file(url: str) -> bool:
-    """True when ``url`` names an SQLite file (or a plain path) that does not exist yet."""
-    if "://" in url:
-        if not url.startswith("sqlite:///"):
-            return False
-        url = url[len("sqlite:///"):]
-    return url not in ("", ":memory:") and not Path(url).expanduser().exists()
+    """True when ``url`` (path or URL) names an SQLite file that does not exist yet."""
+    try:
+        u = make_url(normalize_url(url))
+    except Exception:  # noqa: BLE001 — a bad URL is for the store to report
+        return False
+    return u.get_backend_name() == "sqlite" and u.database not in (None, "", ":memory:") \
+        and not Path(u.database).exists()
 
 
 def user_cache_url() -> str:
