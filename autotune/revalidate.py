@@ -90,13 +90,12 @@ def revalidate_one(rec: WinnerRecord, device: torch.device, timing: Optional[Tim
                      reason=f"revalidated hint ({rec.variant} before)")
 
 
-def revalidate(layers: LayeredCache, store: CacheStore, device: torch.device,
+def revalidate(recs: List[WinnerRecord], store: CacheStore, device: torch.device,
                timing: Optional[TimingOptions] = None, on_event: Optional[Callable[[Dict], None]] = None
                ) -> List[KeyResult]:
-    """Revalidate every hint of ``device`` in ``layers`` into ``store`` (replacing the stale row when the
-    hint came from ``store`` itself)."""
+    """Revalidate the hint records ``recs`` (:func:`hints_for`) into ``store`` (replacing the stale row
+    when the hint came from ``store`` itself)."""
     emit = on_event or (lambda ev: None)
-    recs = hints_for(layers, device)
     emit({"type": "keys", "total": len(recs), "workers": 1})
     out = []
     for rec in recs:

@@ -88,7 +88,7 @@ def layer_failures(layers: "LayeredCache") -> List["LayerFailure"]:
     """The configured layers that could not be opened or read, ``(label, url, reason)``:
     ``LayeredCache.failures`` (read failures appear there once the layer has been read), each reason
     without the location the store's messages start with."""
-    return [f._replace(reason=_without_location(f.reason)) for f in getattr(layers, "failures", [])]
+    return [f._replace(reason=_without_location(f.reason)) for f in layers.failures]
 
 
 def user_layer_missing(layers: "LayeredCache") -> bool:

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from attntune.cli import app
-from attntune.cli.common import CliError, console, err_console, fmt_ms, open_target
+from attntune.cli.common import CliError, console, err_console, fmt_ms, open_target, read_layers
 from attntune.cli.common import parse_device as _device
 
 SHAPE_HELP = (
@@ -317,20 +317,18 @@ def tune(
 def _revalidate(cache_url: str, dev, timing) -> None:
     """``tune --revalidate``: every hint of this device re-timed into the target cache."""
     from attntune.autotune.revalidate import hints_for, revalidate
-    from attntune.cache import LayeredCache
 
     store = open_target(cache_url)
-    from attntune.kernels import registry
-
-    layers = LayeredCache.open_default(user_url=cache_url, user_readonly=True, variants=registry)
+    layers, _ = read_layers(cache_url)
     try:
-        if not hints_for(layers, dev):
+        hints = hints_for(layers, dev)
+        if not hints:
             console.print("No hints for this device: every cached row of it is valid, or none exists.")
             return
         progress = _progress()
         view = _ProgressView(progress)
         with progress:
-            results = revalidate(layers, store, dev, timing, on_event=view)
+            results = revalidate(hints, store, dev, timing, on_event=view)
     finally:
         layers.close()
         store.dispose()
