@@ -66,16 +66,17 @@ class TimingOptions:
 def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Callable[[], None], list]:
     """The function to time and the tensors whose ``.grad`` do_bench resets between reps.
 
-    Forward: ``variant.run`` under no_grad. Forward+backward: run, then ``backward`` with the key's fixed
+    Forward: the variant's bound call (:meth:`~attntune.kernels.base.Variant.bind`) under no_grad. Forward+backward: run, then ``backward`` with the key's fixed
     ``dout`` [B, Hq, Sq, Dv] (the gradient of a typical loss; its values do not change the cost)."""
     p = inp.problem
     kv_lens = inp.kv_lens if p.kv_lens else None
     q, k, v = inp.leaves()
     if not grads:
+        run = variant.bind(p, config)  # what the runtime keeps per call signature and calls
 
         def fwd() -> None:
             with torch.no_grad():
-                variant.run(q, k, v, p, config, kv_lens)
+                run(q, k, v, p, config, kv_lens)
 
         return fwd, []
     dout = inp.dout

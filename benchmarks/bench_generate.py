@@ -193,9 +193,32 @@ def case_inputs(kind, batch, prompt, vocab, device):
     return ids, torch.ones_like(ids)
 
 
-def generate(model, ids, mask, new_tokens, cache, compile_ok=False):
+class StepClock:
+    """A logits processor that only reads the host clock: transformers calls it once per generated token,
+    after that token's forward, and ``generate`` waits for the device every step (its stopping check reads
+    a tensor), so the gaps between stamps are decode steps as the user sees them. The median gap is robust
+    to the host's hiccups (a preempted core, a garbage collection) that move a whole run's wall time."""
+
+    def __init__(self):
+        self.stamps = []
+
+    def __call__(self, input_ids, scores):
+        self.stamps.append(time.perf_counter())
+        return scores
+
+    def step_us(self):
+        """Median µs between consecutive decode steps (None with fewer than 3 stamps)."""
+        gaps = [(b - a) * 1e6 for a, b in zip(self.stamps, self.stamps[1:])]
+        return _median(gaps) if len(gaps) >= 2 else None
+
+
+def generate(model, ids, mask, new_tokens, cache, compile_ok=False, clock=None):
     kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0,
           "disable_compile": not compile_ok}
+    if clock is not None:
+        from transformers import LogitsProcessorList
+
+        kw["logits_processor"] = LogitsProcessorList([clock])
     if cache == "static":
         kw["cache_implementation"] = "static"
         if not compile_ok:
@@ -242,6 +265,9 @@ def _impl_stats(rec, batch, new_tokens):
         return
     med = _median(runs)
     rec.update(median_s=med, min_s=min(runs), max_s=max(runs), tok_s=batch * new_tokens / med)
+    steps = [x for x in rec.get("step_us") or [] if x]
+    if steps:
+        rec["step_us_median"] = _median(steps)
     pre = rec.get("prefill_runs_s") or []
     if pre and new_tokens > 1:
         pm = _median(pre)
@@ -290,8 +316,11 @@ def run_case(models, kind, cache, batch, prompt, args, device, vocab, compile_ok
             if "error" in per[impl]:
                 continue
             try:
-                t, out = _timed(functools.partial(generate, models[impl], ids, mask, n, cache, compile_ok), device)
+                clock = StepClock()
+                t, out = _timed(functools.partial(generate, models[impl], ids, mask, n, cache, compile_ok, clock),
+                                device)
                 per[impl]["runs_s"].append(t)
+                per[impl].setdefault("step_us", []).append(clock.step_us())
                 tokens[impl] = out[:, prompt:].cpu()
                 del out
                 if args.prefill_split and not compile_ok:
@@ -305,8 +334,11 @@ def run_case(models, kind, cache, batch, prompt, args, device, vocab, compile_ok
     for impl in impls:
         _impl_stats(per[impl], batch, n)
     frac, first = _token_match(tokens.get("attntune"), tokens.get("sdpa"))
+    su = {i: per[i].get("step_us_median") for i in impls}
     rec = {"model": kind, "cache": cache, "batch": batch, "prompt": prompt, "new_tokens": n,
            "compiled": compile_ok, "impls": per, "ratio": _ratio(per, "tok_s"),
+           # SDPA's median decode step over attntune's (> 1: attntune's steps are shorter)
+           "step_ratio": su["sdpa"] / su["attntune"] if su.get("sdpa") and su.get("attntune") else None,
            "decode_ratio": _ratio(per, "decode_tok_s"), "tokens_equal_frac": frac,
            "first_divergence": first, "attntune_calls": _att_delta(before, _att_counts())}
     if device.type == "cuda":
@@ -325,6 +357,8 @@ def _case_line(rec, elapsed_total):
         return "ERROR" if "error" in r else (f"{r['tok_s']:.0f}" if r.get("tok_s") else "-")
 
     ratio = f"{rec['ratio']:.3f}" if rec.get("ratio") else "-"
+    if rec.get("step_ratio"):
+        ratio += f" (steps {rec['step_ratio']:.3f})"
     eq = f"{rec['tokens_equal_frac']:.2f}" if rec.get("tokens_equal_frac") is not None else "-"
     return (f"[{elapsed_total:7.1f}s] {rec['model']:7s} {rec['cache']:7s} B={rec['batch']:<3d} "
             f"P={rec['prompt']:<5d} sdpa {tok('sdpa')} tok/s  attntune {tok('attntune')} tok/s  "
@@ -617,6 +651,11 @@ def summarize(doc) -> dict:
         "swa_prompt4096_vs_sdpa": _geomean(swa),
         "static_vs_sdpa": _geomean(static),
         "decode_geomean_vs_sdpa": _geomean([c.get("decode_ratio") for c in cases]),
+        "step_geomean_vs_sdpa": _geomean([c.get("step_ratio") for c in cases]),
+        "step_min_vs_sdpa": min([c["step_ratio"] for c in cases if c.get("step_ratio")], default=None),
+        # the first timed generate of each case: SDPA meets most KV lengths for the first time there (the
+        # warm-up generates only a few tokens), as a serving process meets them with every new prompt length
+        "first_run_geomean_vs_sdpa": _geomean([_first_ratio(c) for c in cases]),
         "serving_loop_causal_vs_sdpa": (srv.get("eager") or {}).get("attntune_causal_vs_sdpa"),
         "serving_loop_noncausal_vs_sdpa": (srv.get("eager") or {}).get("attntune_noncausal_vs_sdpa"),
         "serving_loop_graph_vs_sdpa": (srv.get("graph") or {}).get("attntune_vs_sdpa"),
@@ -629,6 +668,11 @@ def summarize(doc) -> dict:
         "failed_impl_runs": sum("error" in r for c in doc["cases"] + doc.get("fresh", [])
                                 for r in c["impls"].values()),
     }
+
+
+def _first_ratio(case):
+    s, a = ((case["impls"].get(i) or {}).get("runs_s") or [None] for i in ("sdpa", "attntune"))
+    return s[0] / a[0] if s[0] and a[0] else None
 
 
 def _resolve(args, gpu: bool):
@@ -729,7 +773,8 @@ def _print_table(doc):
     _log("summary: " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
                                    for k, v in doc["summary"].items()}))
     _log("")
-    _log(f"{'model':8s} {'cache':8s} {'B':>3s} {'P':>5s} {'sdpa tok/s':>11s} {'attntune tok/s':>15s} {'ratio':>7s}")
+    _log(f"{'model':8s} {'cache':8s} {'B':>3s} {'P':>5s} {'sdpa tok/s':>11s} {'attntune tok/s':>15s} {'ratio':>7s} "
+         f"{'steps':>7s}")
     for c in doc["cases"]:
         if c.get("compiled"):
             continue
@@ -739,7 +784,8 @@ def _print_table(doc):
             return "ERROR" if "error" in r else (f"{r['tok_s']:.0f}" if r.get("tok_s") else "-")
 
         _log(f"{c['model']:8s} {c['cache']:8s} {c['batch']:3d} {c['prompt']:5d} {f(s):>11s} {f(a):>15s} "
-             f"{(format(c['ratio'], '.3f') if c.get('ratio') else '-'):>7s}")
+             f"{(format(c['ratio'], '.3f') if c.get('ratio') else '-'):>7s} "
+             f"{(format(c['step_ratio'], '.3f') if c.get('step_ratio') else '-'):>7s}")
 
 
 def main(argv=None):

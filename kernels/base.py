@@ -134,6 +134,13 @@ class Variant(abc.ABC):
             out = self.space(problem).validate(config)
         return out
 
+    def bind(self, problem: AttentionProblem, config: Config) -> Callable[..., torch.Tensor]:
+        """A callable with :meth:`run`'s signature for calls of exactly ``problem``'s signature (shapes,
+        dtypes, mask, mode) with ``config``: what the runtime keeps per call signature and the tuner times.
+        A variant whose host path matters (decode: an eager step is host-bound) returns an object that
+        prepares its launches once instead of per call; the default is :meth:`run` itself."""
+        return self.run
+
     @abc.abstractmethod
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem,
             config: Config, kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:

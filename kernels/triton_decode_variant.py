@@ -17,7 +17,7 @@ import torch
 
 from attntune.kernels.base import Config, Param, Space, Variant
 from attntune.kernels.triton_decode.launch import (MAX_SPLITS, SMEM_BLOCK_BUDGET, DecodeConfig, block_d, block_m,
-                                                   keys_per_program, kv_smem_bytes, launch_decode)
+                                                   keys_per_program, kv_smem_bytes, prepare_decode)
 from attntune.tolerances import tf32_allowed
 from attntune.problem import AttentionProblem
 
@@ -126,27 +126,77 @@ class TritonDecodeVariant(Variant):
             default=default,
         )
 
-    def run(self, q, k, v, problem: AttentionProblem, config: Config,
-            kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
-        # The host path of a decode step is its speed (an eager decode step is host-bound): the runtime
-        # has validated these inputs for this problem's shapes, so the public op's per-call argument
-        # checks are skipped here (decode_attention keeps them for direct callers), and the config is
-        # converted once per distinct config.
+    def _config(self, config: Config) -> DecodeConfig:
         key = (config.get("BLOCK_N"), config.get("num_splits"), config.get("num_warps"), config.get("num_stages"))
         cfg = self._configs.get(key)
         if cfg is None:
             cfg = self._configs.setdefault(key, DecodeConfig.from_dict(config))
-        if cfg.num_splits != 1 and q.is_cuda and not torch.cuda.is_current_stream_capturing():
-            # Eager: tuned configs are ranked under CUDA graphs (device time). Outside a graph a small
-            # decode is host-bound, and one split saves the reduction launch and the partials buffer.
-            left = None if problem.window is None else problem.window[0]
-            span = keys_per_program(k.shape[2], q.shape[2], left)
-            if span * (q.shape[3] + v.shape[3]) * q.element_size() <= EAGER_ONE_SPLIT_BYTES:
-                cfg = self._one_split(cfg)
-        precision = "ieee" if q.dtype == torch.float32 and not tf32_allowed() else "tf32"
-        out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
-        return launch_decode(q, k, v, kv_lens, out, problem.causal, problem.softmax_scale, cfg, precision,
-                             problem.window)
+        return cfg
 
+    def eager_config(self, cfg: DecodeConfig, problem: AttentionProblem) -> DecodeConfig:
+        """The config of an eager call (not captured in a CUDA graph) of ``problem``'s exact shape.
+
+        Tuned decode configs are ranked by device time under CUDA graphs. Outside a graph a small decode
+        is host-bound, and one split saves the reduction's launch and the partials buffer, so a call
+        whose programs each read at most :data:`EAGER_ONE_SPLIT_BYTES` runs one split."""
+        if cfg.num_splits == 1 or problem.device_type != "cuda":
+            return cfg
+        left = None if problem.window is None else problem.window[0]
+        span = keys_per_program(problem.seqlen_kv, problem.seqlen_q, left)
+        if span * (problem.head_dim + problem.head_dim_v) * problem.torch_dtype.itemsize <= EAGER_ONE_SPLIT_BYTES:
+            return self._one_split(cfg)
+        return cfg
+
+    def bind(self, problem: AttentionProblem, config: Config) -> "BoundDecode":
+        return BoundDecode(self, problem, config)
+
+    def run(self, q, k, v, problem: AttentionProblem, config: Config,
+            kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return BoundDecode(self, problem, config)(q, k, v, problem, config, kv_lens)
+
+
+class BoundDecode:
+    """``triton_decode``'s run for one call signature (the runtime's slot: exact shapes, dtypes, mask and
+    config), see :meth:`Variant.bind`.
+
+    The host path of a decode step is its speed (an eager decode step is host-bound). The runtime has
+    validated the inputs for these shapes, so the public op's argument checks are skipped; everything a
+    launch needs besides the tensors — tile sizes, splits, grid, the kernels' specialization keys and
+    argument tails (:class:`~attntune.kernels.triton_decode.launch.DecodeLaunch`) — is prepared on the
+    first call of each *layout* and kept. A layout is what the prepared launch depends on that the slot's
+    signature does not fix: whether a CUDA graph is being captured (eager calls may run one split, see
+    :meth:`TritonDecodeVariant.eager_config`), the strides of q/k/v, their pointers' 16-byte alignment,
+    ``kv_lens``' dtype and alignment, and (float32 only) whether TF32 is allowed. The output is allocated
+    here (contiguous, the caching allocator's alignment), so its layout is fixed."""
+
+    __slots__ = ("cfg", "eager_cfg", "causal", "window", "scale", "out_shape", "fp32", "launches")
+
+    def __init__(self, variant: TritonDecodeVariant, problem: AttentionProblem, config: Config):
+        self.cfg = variant._config(config)
+        self.eager_cfg = variant.eager_config(self.cfg, problem)
+        self.causal, self.window, self.scale = problem.causal, problem.window, problem.softmax_scale
+        self.out_shape = (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim_v)
+        self.fp32 = problem.dtype == "float32"
+        self.launches = {}
+
+    def __call__(self, q, k, v, problem: AttentionProblem, config: Config,
+                 kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        capturing = q.is_cuda and _capturing()
+        tf32 = tf32_allowed() if self.fp32 else True
+        layout = (capturing, tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16, k.data_ptr() % 16,
+                  v.data_ptr() % 16, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16))
+        out = q.new_empty(self.out_shape)
+        launch = self.launches.get(layout)
+        if launch is None:
+            if out.numel() == 0:
+                return out
+            launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale,
+                                    self.cfg if capturing else self.eager_cfg, "tf32" if tf32 else "ieee",
+                                    self.window)
+            self.launches[layout] = launch
+        return launch.launch(q, k, v, kv_lens, out, q.get_device())
+
+
+_capturing = torch.cuda.is_current_stream_capturing
 
 VARIANTS = [TritonDecodeVariant()]

@@ -192,7 +192,8 @@ def _store(sig, plan: Plan, fresh_miss: bool, device) -> Slot:
     rt = _runtime.get()
     if len(SLOTS) >= _runtime.MAX_SLOTS:
         rt.overflow()
-    slot = Slot(plan, plan.impl.run, plan.problem, plan.config, rt.config.latency_sample, device,
+    slot = Slot(plan, plan.impl.bind(plan.problem, plan.config), plan.problem, plan.config,
+                rt.config.latency_sample, device,
                 miss=plan.key is not None and plan.key.key_id in rt.missed, reported=1 if fresh_miss else 0)
     SLOTS[sig] = slot
     return slot
@@ -239,7 +240,7 @@ def _reuse(sig, fam: Optional[tuple], q, k) -> Optional[Slot]:
         return None
     if len(SLOTS) >= _runtime.MAX_SLOTS:
         rt.overflow()
-    slot = Slot(t.plan, t.fn, problem, t.config, t.every, t.device, miss=t.miss)
+    slot = Slot(t.plan, t.plan.impl.bind(problem, t.config), problem, t.config, t.every, t.device, miss=t.miss)
     SLOTS[sig] = slot
     return slot
 

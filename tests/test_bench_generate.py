@@ -56,6 +56,9 @@ def test_bench_generate_smoke(tmp_path):
             assert len(r["runs_s"]) == 1 and _finite(r["tok_s"]) and r["tok_s"] > 0, (where, impl, r)
             assert _finite(r["median_s"]) and r["min_s"] <= r["median_s"] <= r["max_s"]
         assert _finite(c["ratio"]) and c["ratio"] > 0, where
+        # 4 new tokens: 3 gaps between the per-token stamps, a median step per run
+        assert all(_finite(c["impls"][i]["step_us_median"]) for i in IMPLS), where
+        assert _finite(c["step_ratio"]) and c["step_ratio"] > 0, where
         assert 0.0 <= c["tokens_equal_frac"] <= 1.0, where
         assert c["batch"] == 2 and c["prompt"] == 12 and c["new_tokens"] == 4
 
@@ -82,7 +85,8 @@ def test_bench_generate_smoke(tmp_path):
                 "serving_loop_causal_vs_sdpa", "serving_loop_graph_vs_sdpa", "new_length_extra_us"):
         assert key in s, key
     for key in ("geomean_vs_sdpa", "min_vs_sdpa", "static_vs_sdpa", "serving_loop_causal_vs_sdpa",
-                "serving_loop_noncausal_vs_sdpa", "new_length_extra_us", "fresh_vs_sdpa"):
+                "serving_loop_noncausal_vs_sdpa", "new_length_extra_us", "fresh_vs_sdpa",
+                "step_geomean_vs_sdpa", "step_min_vs_sdpa", "first_run_geomean_vs_sdpa"):
         assert _finite(s[key]), (key, s[key])
     assert s["swa_prompt4096_vs_sdpa"] is None  # no 4096-token prompts in the smoke run
     assert s["serving_loop_graph_vs_sdpa"] is None

@@ -315,6 +315,74 @@ def _stride_classes(*strides: int) -> tuple:
     return out if max(strides) <= 0x7FFFFFFF else out + (64,)
 
 
+class DecodeLaunch(NamedTuple):
+    """One launch of the decode op with every argument but the tensors fixed: what
+    :func:`prepare_decode` derives from the shapes, strides, alignments, mask and config. Calls of equal
+    layout (a decode loop's layers, a repeated shape) launch from it with two tuple concatenations and
+    one or two calls of the compiled kernels (:meth:`launch`)."""
+
+    grid: Tuple[int, int, int]
+    split: bool
+    ws_numel: int       # float32 partials (O then LSE) when split, else 0
+    key: tuple          # the split kernel's FastKernel key (everything Triton specializes on)
+    tail: tuple         # its arguments after (q, k, v, kv_lens, ws, out)
+    num_warps: int
+    num_stages: int
+    rgrid: Tuple[int, int, int]
+    rkey: Optional[tuple]
+    rtail: tuple        # the reduction's arguments after (ws, out)
+    reduce_warps: int
+
+    def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               kv_lens: Optional[torch.Tensor], out: torch.Tensor, dev_idx: int) -> torch.Tensor:
+        """Launch into ``out`` (allocated with the layout this launch was prepared for). The partials
+        buffer comes from :func:`_workspace` (its alignment is the caching allocator's: 512 bytes)."""
+        ws = _workspace(self.ws_numel, q.device, dev_idx) if self.split else out
+        _SPLIT(self.key, self.grid, (q, k_cache, v_cache, kv_lens, ws, out) + self.tail, self.num_warps,
+               self.num_stages, dev_idx)
+        if self.split:
+            _REDUCE(self.rkey, self.rgrid, (ws, out) + self.rtail, self.reduce_warps, None, dev_idx)
+        return out
+
+
+def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   kv_lens: Optional[torch.Tensor], out: torch.Tensor, causal: bool, scale: float,
+                   cfg: DecodeConfig, dot_precision: str = "tf32",
+                   window: Optional[Tuple[int, int]] = None) -> DecodeLaunch:
+    """The :class:`DecodeLaunch` of these inputs (checked, as for :func:`launch_decode`). It depends on
+    the tensors only through their shapes, dtypes, strides and the 16-byte alignment of their data
+    pointers (and ``kv_lens``' dtype), so a caller may keep it for later calls that agree on those."""
+    B, Hq, Sq, D = q.shape
+    Hkv, S_max, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    sms, smem = device_info(q.device)
+    p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
+    split = p.splits > 1
+    rows = B * Hq * Sq
+    lse_off = rows * p.splits * Dv
+    qs, ks, vs, os_ = q.stride(), k_cache.stride(), v_cache.stride(), out.stride()
+    # Everything Triton compiles for — launch options, constexprs, pointer types (dtypes) and alignment,
+    # the classes of the specialized integers and the width of the large ones — and nothing else: the
+    # grid, the split count and the lengths change with every KV length of a decode loop and must not
+    # make a new key (each would take Triton's slow launch path once and grow the cache). The partials
+    # buffer is a fresh or cached allocation of the caching allocator: 16-byte aligned.
+    key = (p.num_warps, p.num_stages, split, p.has_left, p.has_right, p.block_m, cfg.BLOCK_N, p.block_d,
+           p.block_dv, p.even_d, q.dtype, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16 == 0),
+           dot_precision, D, Dv, q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0,
+           v_cache.data_ptr() % 16 == 0, True if split else out.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+           _stride_classes(*qs, *ks, *vs, *os_, S_max, lse_off))
+    tail = (*qs, *ks, *vs, *os_,
+            Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, lse_off, p.win_left, p.win_right, scale * LOG2E,
+            kv_lens is not None, split, p.has_left, p.has_right,  # HAS_LENS, SPLIT, HAS_LEFT, HAS_RIGHT
+            p.block_m, cfg.BLOCK_N, p.block_d, p.block_dv, p.even_d, dot_precision)
+    rkey = rtail = None
+    if split:
+        rkey = (p.block_s, p.block_dv, p.reduce_warps, out.dtype, Dv, True, out.data_ptr() % 16 == 0,
+                _stride_classes(*os_, lse_off))
+        rtail = (*os_, Hq, Sq, Dv, p.splits, lse_off, p.block_s, p.block_dv)
+    return DecodeLaunch(p.grid, split, rows * p.splits * (Dv + 1) if split else 0, key, tail, p.num_warps,
+                        p.num_stages, (rows, 1, 1), rkey, rtail or (), p.reduce_warps)
+
+
 def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   kv_lens: Optional[torch.Tensor], out: torch.Tensor, causal: bool, scale: float,
                   cfg: DecodeConfig, dot_precision: str = "tf32",
@@ -323,39 +391,7 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     receives the result. Inputs are assumed checked (:func:`check_decode_args`, :func:`check_window`:
     ``window`` a tuple). No host synchronisation; safe to capture in a CUDA graph once a call of the same
     shapes has run (compiled) outside the capture."""
-    B, Hq, Sq, D = q.shape
-    Hkv, S_max, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     if out.numel() == 0:
         return out
-    dev_idx = q.get_device()
-    sms, smem = device_info(q.device)
-    p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
-    split = p.splits > 1
-    rows = B * Hq * Sq
-    lse_off = rows * p.splits * Dv
-    # One buffer holds both partials: O [rows, splits, Dv] then LSE [rows, splits].
-    ws = _workspace(rows * p.splits * (Dv + 1), q.device, dev_idx) if split else out
-    qs, ks, vs, os_ = q.stride(), k_cache.stride(), v_cache.stride(), out.stride()
-    # Everything Triton compiles for — launch options, constexprs, pointer types (dtypes) and alignment,
-    # the classes of the specialized integers and the width of the large ones — and nothing else: the
-    # grid, the split count and the lengths change with every KV length of a decode loop and must not
-    # make a new key (each would take Triton's slow launch path once and grow the cache).
-    key = (p.num_warps, p.num_stages, split, p.has_left, p.has_right, p.block_m, cfg.BLOCK_N, p.block_d,
-           p.block_dv, p.even_d, q.dtype, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16 == 0),
-           dot_precision, D, Dv, q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0,
-           v_cache.data_ptr() % 16 == 0,
-           ws.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
-           _stride_classes(*qs, *ks, *vs, *os_, S_max, lse_off))
-    _SPLIT(key, p.grid, (
-        q, k_cache, v_cache, kv_lens, ws, out, *qs, *ks, *vs, *os_,
-        Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, lse_off, p.win_left, p.win_right, scale * LOG2E,
-        kv_lens is not None, split, p.has_left, p.has_right,  # HAS_LENS, SPLIT, HAS_LEFT, HAS_RIGHT
-        p.block_m, cfg.BLOCK_N, p.block_d, p.block_dv, p.even_d, dot_precision,
-    ), p.num_warps, p.num_stages, dev_idx)
-    if split:
-        rkey = (p.block_s, p.block_dv, p.reduce_warps, out.dtype, Dv, ws.data_ptr() % 16 == 0,
-                out.data_ptr() % 16 == 0,
-                _stride_classes(*os_, lse_off))
-        _REDUCE(rkey, (rows, 1, 1), (ws, out, *os_, Hq, Sq, Dv, p.splits, lse_off, p.block_s, p.block_dv),
-                p.reduce_warps, None, dev_idx)
-    return out
+    return prepare_decode(q, k_cache, v_cache, kv_lens, out, causal, scale, cfg, dot_precision,
+                          window).launch(q, k_cache, v_cache, kv_lens, out, q.get_device())

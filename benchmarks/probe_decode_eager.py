@@ -1,0 +1,197 @@
+"""Probe (GPU): what an eager decode call costs through attntune against SDPA, and where one split wins.
+
+Three questions behind the eager decode path (results in ``benchmarks/results/probe_decode_eager_h200.json``):
+
+1. ``hf_call``: host µs per call of a decode step's attention through transformers' two attention
+   functions — ``"sdpa"`` (``sdpa_attention_forward``) and ``"attntune"`` (:func:`attntune.hf.attention_forward`)
+   — at one KV length (repeat calls: the steady state of the seven layers after a step's first), B=1/8,
+   GQA 32/8, D=64, bf16. Each timed call is one Python call; the device is never waited for except every
+   ``chunk`` calls (the host runs ahead as in a generate step that is host-bound).
+2. ``eager_loop``: µs per step of a pure-attention decode loop (8 calls a step, the same KV length) with
+   ``triton_decode`` forced to its tuned-style auto splits or to one split, against SDPA default and the
+   flash backend pinned: where the GPU, not the host, is the bottleneck, one split can lose; a pure
+   attention loop is the harshest case for one split (a model adds host work that hides device time).
+3. ``new_length``: cProfile of 200 first calls at never-seen KV lengths against 200 repeat calls.
+
+Usage: python benchmarks/probe_decode_eager.py --out probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from env import environment  # noqa: E402
+
+DT = torch.bfloat16
+HQ, HKV = 32, 8
+
+
+class _Mod(torch.nn.Module):
+    is_causal = True
+    num_key_value_groups = HQ // HKV
+
+
+def hf_call(out: dict, dev: str) -> None:
+    import attntune.hf
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    mod = _Mod()
+    res = {}
+    for B in (1, 8):
+        for L in (1024, 4096):
+            q = torch.randn(B, HQ, 1, 64, device=dev, dtype=DT)
+            k = torch.randn(B, HKV, L, 64, device=dev, dtype=DT)
+            v = torch.randn_like(k)
+            fns = {"sdpa": lambda: sdpa_attention_forward(mod, q, k, v, None, scaling=0.125),
+                   "attntune": lambda: attntune.hf.attention_forward(mod, q, k, v, None, scaling=0.125)}
+            for fn in fns.values():
+                for _ in range(50):
+                    fn()
+            torch.cuda.synchronize()
+            rounds = {n: [] for n in fns}
+            for r in range(15):
+                for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                    fn = fns[n]
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(200):
+                        fn()
+                    rounds[n].append((time.perf_counter() - t0) / 200 * 1e6)
+                    torch.cuda.synchronize()
+            res[f"B{B}_L{L}"] = {n: {"host_us_median": statistics.median(x), "host_us_min": min(x)}
+                                 for n, x in rounds.items()}
+            print(f"hf_call B={B} L={L}: " + "  ".join(f"{n} {statistics.median(x):.1f} us" for n, x in rounds.items()),
+                  flush=True)
+    out["hf_call"] = res
+
+
+def eager_loop(out: dict, dev: str) -> None:
+    from attntune.kernels.triton_decode.launch import DecodeConfig, launch_decode
+
+    res = {}
+    for D in (64, 128):
+        for B in (1, 2, 8):
+            for L in (1024, 2048, 4096, 8192, 16384):
+                q = torch.randn(B, HQ, 1, D, device=dev, dtype=DT)
+                k = torch.randn(B, HKV, L, D, device=dev, dtype=DT)
+                v = torch.randn_like(k)
+                o = torch.empty_like(q)
+                scale = D ** -0.5
+
+                def tri(cfg):
+                    return lambda: launch_decode(q, k, v, None, o, False, scale, cfg)
+
+                def sd(backend):
+                    if backend is None:
+                        return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+                    def f():
+                        with sdpa_kernel(backend):
+                            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                    return f
+
+                fns = {"split_auto": tri(DecodeConfig()), "one_split": tri(DecodeConfig(num_splits=1)),
+                       "sdpa_default": sd(None), "sdpa_flash": sd(SDPBackend.FLASH_ATTENTION)}
+                for fn in fns.values():
+                    for _ in range(20):
+                        fn()
+                torch.cuda.synchronize()
+                rounds = {n: [] for n in fns}
+                for r in range(7):
+                    for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        for _ in range(40):  # 40 steps x 8 layers
+                            for _ in range(8):
+                                fns[n]()
+                        torch.cuda.synchronize()
+                        rounds[n].append((time.perf_counter() - t0) / 40 * 1e6)
+                # device time alone: one CUDA graph of 8 calls per impl (the GPU-bound limit)
+                dev_us = {}
+                for n in ("split_auto", "one_split"):
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        for _ in range(8):
+                            fns[n]()
+                    g.replay()
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(50):
+                        g.replay()
+                    torch.cuda.synchronize()
+                    dev_us[n] = (time.perf_counter() - t0) / 50 * 1e6
+                kvb = L * 2 * D * 2  # K+V bytes per (b, kv head) program
+                rec = {n: statistics.median(x) for n, x in rounds.items()}
+                rec.update({"graph_" + n: t for n, t in dev_us.items()}, kv_bytes_per_program=kvb)
+                res[f"D{D}_B{B}_L{L}"] = rec
+                print(f"eager D={D} B={B} L={L} ({kvb >> 10} KiB/prog): " +
+                      "  ".join(f"{n} {t:.0f}" for n, t in rec.items() if n != "kv_bytes_per_program") + " us/step",
+                      flush=True)
+    out["eager_loop"] = res
+
+
+def new_length(out: dict, dev: str) -> None:
+    import attntune
+
+    B, D, base = 2, 64, 3000
+    q = torch.randn(B, HQ, 1, D, device=dev, dtype=DT)
+    k = torch.randn(B, HKV, base + 600, D, device=dev, dtype=DT)
+    for L in range(base - 20, base):
+        attntune.attention(q, k[:, :, :L], k[:, :, :L], causal=True)
+    torch.cuda.synchronize()
+    first, again = cProfile.Profile(), cProfile.Profile()
+    tf, ta = [], []
+    for L in range(base, base + 200):
+        kk = k[:, :, :L]
+        first.enable()
+        t0 = time.perf_counter()
+        attntune.attention(q, kk, kk, causal=True)
+        t1 = time.perf_counter()
+        first.disable()
+        again.enable()
+        t2 = time.perf_counter()
+        attntune.attention(q, kk, kk, causal=True)
+        t3 = time.perf_counter()
+        again.disable()
+        tf.append((t1 - t0) * 1e6)
+        ta.append((t3 - t2) * 1e6)
+    torch.cuda.synchronize()
+
+    def top(p):
+        buf = io.StringIO()
+        pstats.Stats(p, stream=buf).sort_stats("tottime").print_stats(22)
+        return buf.getvalue()
+    out["new_length"] = {"first_us_median_profiled": statistics.median(tf),
+                         "repeat_us_median_profiled": statistics.median(ta),
+                         "first_top": top(first), "repeat_top": top(again)}
+    print(f"new_length (profiled): first {statistics.median(tf):.1f} us, repeat {statistics.median(ta):.1f} us")
+    print(top(first))
+    print(top(again))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--parts", default="hf_call,eager_loop,new_length")
+    a = ap.parse_args()
+    out = {"environment": environment()}
+    for part in a.parts.split(","):
+        globals()[part](out, "cuda")
+        Path(a.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
