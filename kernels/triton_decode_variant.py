@@ -25,9 +25,13 @@ MAX_SEQLEN_Q = 16
 #: Eager calls (not being captured in a CUDA graph) whose programs each read at most this many K+V bytes
 #: run one split, whatever the tuned config says: tuned decode configs are ranked by device time under
 #: CUDA graphs, but an eager decode step is host-bound, and one split saves the reduction's launch and the
-#: partials buffer (~10 µs of host time on the H200 host, benchmarks/results/probe_host_h200.json), while
-#: one program streams 256 KiB in a few µs (an estimate: a few tens of GB/s per SM).
-EAGER_ONE_SPLIT_BYTES = 256 * 1024
+#: partials buffer (~10 µs of host time a call on the H200 host). Measured there
+#: (``benchmarks/results/probe_decode_eager_h200.json``, a pure-attention eager loop of 8 calls a step —
+#: the harshest case for one split, as a model adds host work that hides device time): one split is
+#: 1.5-1.74x faster a step at 256 and 512 KiB a program (D 64 and 128, B 1/2/8); at 1 MiB it is still
+#: 1.2-1.28x at D=128 but 0.91-0.96x at D=64 (4096 keys: one program streams ~23 GB/s there, 46 µs of
+#: device time against ~40 µs of host time a call).
+EAGER_ONE_SPLIT_BYTES = 512 * 1024
 MAX_HEAD_DIM = 256
 #: fp32 accumulator + score elements one thread may hold before the kernel spills
 MAX_REGS_PER_THREAD = 192

@@ -233,8 +233,7 @@ def _reuse(sig, fam: Optional[tuple], q, k) -> Optional[Slot]:
     t = FAMILIES.get(fam)
     if t is None:
         return None
-    problem = t.problem.model_copy(update={"batch": q.shape[0], "seqlen_q": q.shape[2],
-                                           "seqlen_kv": k.shape[2]})
+    problem = t.problem.resized(q.shape[0], q.shape[2], k.shape[2])
     rt = _runtime.get()
     if rt.reuse_reasons(t.plan, problem):
         return None

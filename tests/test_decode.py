@@ -10,6 +10,7 @@ from __future__ import annotations
 import doctest
 import functools
 import itertools
+import random
 
 import pytest
 import torch
@@ -253,6 +254,28 @@ def test_auto_split_heuristic_doctests():
                            launch.DecodeConfig.from_dict({"BLOCK_N": 32, "num_splits": 64, "num_stages": 1}))
     assert (p.splits, p.num_stages, p.grid) == (4, 1, (2, 4, 1))
     assert (p.has_left, p.has_right) == (False, False)
+
+
+def test_plan_cached_by_tile_counts_equals_the_direct_plan():
+    """plan_launch caches on the span's tile counts, not on S_max (a decode loop's new length must not
+    make a new plan): its result equals the split rule applied to the exact span, for odd lengths,
+    windows, configs and GQA shapes."""
+    rng = random.Random(7)
+    for _ in range(400):
+        B, Hkv, g, Sq = rng.choice((1, 2, 3, 64)), rng.choice((1, 2, 8)), rng.choice((1, 4, 7)), rng.randint(1, 16)
+        D = rng.choice((40, 64, 128))
+        S = rng.randint(1, 70000)
+        cfg = launch.DecodeConfig(BLOCK_N=rng.choice((16, 64, 256)), num_splits=rng.choice((0, 0, 3, 64)))
+        causal = rng.random() < 0.5
+        window = rng.choice((None, (rng.randint(0, 5000), rng.choice((-1, 0, 3)))))
+        p = launch.plan_launch(B, Hkv * g, Sq, D, Hkv, S, D, 2, 132, 228 * 1024, cfg, causal, window)
+        left, right = launch.mask_bounds(causal, window, Sq, S)
+        span = launch.keys_per_program(S, Sq, left)
+        programs = B * Hkv * p.grid[2]
+        want = cfg.num_splits or launch.auto_num_splits(programs, span, 132, cfg.BLOCK_N)
+        assert p.splits == max(1, min(want, -(-max(span, 1) // cfg.BLOCK_N))), (B, Hkv, g, Sq, D, S, cfg, window)
+        assert (p.has_left, p.has_right, p.win_left, p.win_right) == (
+            left is not None, right is not None, left or 0, right or 0)
 
 
 def test_plan_follows_the_window():

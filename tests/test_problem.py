@@ -76,3 +76,18 @@ def test_attended_pairs_matches_mask(sq, skv, causal, window):
     expected = sq * skv if m is None else int(m.sum())
     assert p.attended_pairs() == expected
     assert p.flops() == 4 * 8 * expected
+
+
+@pytest.mark.parametrize("window", [None, (100, 0), (-1, 3)])
+def test_resized_equals_model_copy(window):
+    """The runtime's fast copy for a new shape of a family is the same model as pydantic's copy: equal,
+    same hash, same dump, same fields-set, still frozen; the original is untouched."""
+    p = problem_from_tensors(torch.randn(2, 6, 3, 40), torch.randn(2, 3, 77, 40), torch.randn(2, 3, 77, 24),
+                             causal=True, window=window)
+    r = p.resized(5, 1, 1001)
+    m = p.model_copy(update={"batch": 5, "seqlen_q": 1, "seqlen_kv": 1001})
+    assert r == m and hash(r) == hash(m) and r.model_dump() == m.model_dump()
+    assert r.__pydantic_fields_set__ == m.__pydantic_fields_set__
+    assert (p.batch, p.seqlen_q, p.seqlen_kv) == (2, 3, 77)
+    with pytest.raises(Exception):
+        r.batch = 7  # frozen like any AttentionProblem

@@ -209,22 +209,39 @@ class LaunchPlan(NamedTuple):
     win_right: int
 
 
-@functools.lru_cache(maxsize=4096)
 def plan_launch(B: int, Hq: int, Sq: int, D: int, Hkv: int, S_max: int, Dv: int, itemsize: int,
                 sms: int, smem_per_sm: int, cfg: DecodeConfig, causal: bool = False,
                 window: Optional[Tuple[int, int]] = None) -> LaunchPlan:
-    """Everything about a launch that depends on shapes and mask only (cached: the hot path is a dict
-    lookup). ``window`` is a ``(left, right)`` tuple, ``-1`` = unbounded."""
+    """Everything about a launch that depends on shapes and mask only. ``window`` is a ``(left, right)``
+    tuple, ``-1`` = unbounded.
+
+    A decode loop brings a new ``S_max`` every step, but the plan depends on it only through the mask's
+    bounds and the number of keys one program reads (the span), and on the span only through the two
+    tile counts that set the split count. The plan is cached on those (:func:`_plan`): a new length costs
+    a few arithmetic operations and one cache hit, not a new plan (the host cost of a new length is part
+    of every decode step)."""
+    left, right = mask_bounds(causal, window, Sq, S_max)
+    span = max(keys_per_program(S_max, Sq, left), 1)
+    bn = cfg.BLOCK_N
+    return _plan(B, Hq, Sq, D, Hkv, Dv, itemsize, sms, smem_per_sm, cfg, left, right,
+                 span // (bn if bn > MIN_KEYS_PER_SPLIT else MIN_KEYS_PER_SPLIT), -(-span // bn))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(B: int, Hq: int, Sq: int, D: int, Hkv: int, Dv: int, itemsize: int, sms: int, smem_per_sm: int,
+          cfg: DecodeConfig, left: Optional[int], right: Optional[int], split_chunks: int,
+          tiles: int) -> LaunchPlan:
+    """:func:`plan_launch` for a span of ``tiles`` tiles of ``BLOCK_N`` keys holding ``split_chunks``
+    chunks of ``max(MIN_KEYS_PER_SPLIT, BLOCK_N)`` keys (:func:`auto_num_splits`' length limit)."""
     group = Hq // Hkv
     bd, bdv = block_d(D), block_d(Dv)
     bm = block_m(group, Sq, max(D, Dv))
     m_blocks = -(-group * Sq // bm)
     programs = B * Hkv * m_blocks
-    left, right = mask_bounds(causal, window, Sq, S_max)
-    span = keys_per_program(S_max, Sq, left)
-    splits = cfg.num_splits or auto_num_splits(programs, span, sms, cfg.BLOCK_N)
+    splits = cfg.num_splits or auto_num_splits(programs, split_chunks * max(MIN_KEYS_PER_SPLIT, cfg.BLOCK_N),
+                                               sms, cfg.BLOCK_N)
     # More splits than tiles only adds empty programs and partial rows.
-    splits = max(1, min(splits, -(-max(span, 1) // cfg.BLOCK_N)))
+    splits = max(1, min(splits, tiles))
     stages = cfg.num_stages or auto_num_stages(programs * splits, sms, smem_per_sm, cfg.BLOCK_N, bd, bdv,
                                                itemsize)
     bs = max(2, next_pow2(splits))
