@@ -11,7 +11,8 @@ Three questions behind the eager decode path (results in ``benchmarks/results/pr
    ``triton_decode`` forced to its tuned-style auto splits or to one split, against SDPA default and the
    flash backend pinned: where the GPU, not the host, is the bottleneck, one split can lose; a pure
    attention loop is the harshest case for one split (a model adds host work that hides device time).
-3. ``new_length``: cProfile of 200 first calls at never-seen KV lengths against 200 repeat calls.
+3. ``new_length``: cProfile of 200 first calls at never-seen KV lengths against 200 repeat calls;
+   ``new_length_parts``: the same first call piece by piece, unprofiled.
 
 Usage: python benchmarks/probe_decode_eager.py --out probe.json
 """
@@ -182,10 +183,58 @@ def new_length(out: dict, dev: str) -> None:
     print(top(again))
 
 
+def new_length_parts(out: dict, dev: str) -> None:
+    """The first call at a never-seen KV length, piece by piece (unprofiled, host clock), against the
+    repeat call: family signature, family reuse (problem copy, the variant's checks, bind), the bound
+    call's first run (prepares its launch) and a repeat run; each with and without a device sync before
+    (an idle GPU may make the first launch slower on its own)."""
+    import attntune
+    from attntune.policies import dispatch as D
+
+    B, D_, base = 2, 64, 5000
+    q = torch.randn(B, HQ, 1, D_, device=dev, dtype=DT)
+    k = torch.randn(B, HKV, base + 2000, D_, device=dev, dtype=DT)
+    for L in range(base - 20, base):
+        attntune.attention(q, k[:, :, :L], k[:, :, :L], causal=True)
+    res = {}
+    for synced in (True, False):
+        parts = {"family_sig": [], "reuse": [], "first_run": [], "repeat_run": [], "attention_first": [],
+                 "attention_repeat": []}
+        lo = base + (0 if synced else 900)
+        for L in range(lo, lo + 400, 2):
+            kk = k[:, :, :L]
+            if synced:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            fam = D._family_sig("attention", q, kk, kk, None, True, "bottom_right", None, None, None, False)
+            t1 = time.perf_counter_ns()
+            slot = D._reuse(("probe", L), fam, q, kk)
+            t2 = time.perf_counter_ns()
+            slot.fn(q, kk, kk, slot.problem, slot.config, None)
+            t3 = time.perf_counter_ns()
+            slot.fn(q, kk, kk, slot.problem, slot.config, None)
+            t4 = time.perf_counter_ns()
+            kk = k[:, :, :L + 1]
+            if synced:
+                torch.cuda.synchronize()
+            t5 = time.perf_counter_ns()
+            attntune.attention(q, kk, kk, causal=True)
+            t6 = time.perf_counter_ns()
+            attntune.attention(q, kk, kk, causal=True)
+            t7 = time.perf_counter_ns()
+            for name, a, b in (("family_sig", t0, t1), ("reuse", t1, t2), ("first_run", t2, t3),
+                               ("repeat_run", t3, t4), ("attention_first", t5, t6), ("attention_repeat", t6, t7)):
+                parts[name].append((b - a) / 1e3)
+        res["synced" if synced else "busy"] = {n: statistics.median(x) for n, x in parts.items()}
+        print(f"new_length_parts ({'synced' if synced else 'busy'}): " +
+              "  ".join(f"{n} {statistics.median(x):.1f}" for n, x in parts.items()) + " us", flush=True)
+    out["new_length_parts"] = res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--parts", default="hf_call,eager_loop,new_length")
+    ap.add_argument("--parts", default="hf_call,eager_loop,new_length,new_length_parts")
     a = ap.parse_args()
     out = {"environment": environment()}
     for part in a.parts.split(","):
