@@ -262,7 +262,10 @@ class AttentionProblem(BaseModel):
         d["batch"], d["seqlen_q"], d["seqlen_kv"] = batch, seqlen_q, seqlen_kv
         _set_attr(new, "__dict__", d)
         _set_attr(new, "__pydantic_extra__", None)
-        _set_attr(new, "__pydantic_fields_set__", self.__pydantic_fields_set__ | _SHAPE_FIELDS)
+        fields = self.__pydantic_fields_set__
+        # shared with the original when it already names the shape (it does after one resize): one
+        # object fewer per new shape for the garbage collector
+        _set_attr(new, "__pydantic_fields_set__", fields if _SHAPE_FIELDS <= fields else fields | _SHAPE_FIELDS)
         _set_attr(new, "__pydantic_private__", None)
         return new
 

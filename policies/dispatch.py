@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence, Tuple
 
@@ -366,14 +367,22 @@ def _sampled(sig, slot: Slot, q, k, v, kv_lens) -> Tensor:
         start.record()
         out = _run_slot(sig, slot, q, k, v, kv_lens)
         end.record()
+        if slot.events is None:
+            slot.events = []
         slot.events.append((start, end))
         if len(slot.events) >= 64:
             _drain_events(slot, block=False)
         return out
     t0 = time.perf_counter()
     out = _run_slot(sig, slot, q, k, v, kv_lens)
-    slot.samples.append((time.perf_counter() - t0) * 1e3)
+    _samples(slot).append((time.perf_counter() - t0) * 1e3)
     return out
+
+
+def _samples(slot: Slot) -> deque:
+    if slot.samples is None:
+        slot.samples = deque(maxlen=_runtime.MAX_SAMPLES)
+    return slot.samples
 
 
 def _drain_events(slot: Slot, block: bool) -> None:
@@ -383,7 +392,7 @@ def _drain_events(slot: Slot, block: bool) -> None:
         if block:
             end.synchronize()
         if end.query():
-            slot.samples.append(start.elapsed_time(end))
+            _samples(slot).append(start.elapsed_time(end))
         else:
             keep.append((start, end))
     slot.events = keep

@@ -67,8 +67,11 @@ class Slot:
         self.every = every        # sample latency every Nth call (0 = never)
         self.miss = miss          # served without an exact tuned row (counted for --from-misses)
         self.reported = reported  # calls already written to the misses table
-        self.samples: deque = deque(maxlen=MAX_SAMPLES)  # milliseconds
-        self.events: list = []    # CUDA event pairs not yet read (read in stats(), never per call)
+        # Created on the first sampled call: a decode loop makes a slot per KV length, and every object a
+        # slot holds is one more for the garbage collector to walk (Python's full collections grow with
+        # the number of live objects).
+        self.samples: Optional[deque] = None  # milliseconds (deque(maxlen=MAX_SAMPLES))
+        self.events: Optional[list] = None    # CUDA event pairs not yet read (read in stats(), never per call)
         self.device = device
 
 
