@@ -1,11 +1,28 @@
-"""Regret of the budgeted tuner against an exhaustive grid, per key.
+"""Regret of the budgeted tuner against a reference search, and fidelity of a cache's stored times.
 
-For each key: (1) tune with the shipped budget (``--trials``), (2) tune again with a budget larger than
-the key's whole valid grid (every config of every candidate variant is enumerated; only configs whose
-first measurement is already >1.5x the best are stopped early), then (3) re-time both winners side by
-side, interleaved, with the tuner's own timer. regret = t(budgeted winner) / t(exhaustive winner) - 1.
+**Regret**, per key: (1) tune with the shipped budget (``--trials``) exactly as ``attntune tune`` does;
+(2) a *reference* search that does not use the tuner's sampler: every candidate variant's valid grid is
+measured config by config — the whole grid where it has at most ``--max-configs`` configs, otherwise a
+seeded uniform sample of ``--max-configs`` of them plus the variant's default and the budgeted winner's
+config (so the reference is never worse than the tuner by construction of the sample alone). A config
+whose first, cheap measurement is above ``--prune`` x the best so far is not measured fully (the
+tuner's own early stop). (3) The budgeted winner and the reference winner are re-timed side by side,
+interleaved, with the tuner's timer: regret = t(budgeted) / t(reference) - 1 (0 when they are the same
+config). Where the grid was sampled, the regret is against the best *sampled* config: a lower bound of
+the regret against the full grid. Each row says how many configs of how large a grid were measured.
 
-Usage: python benchmarks/regret.py --out regret.json [--trials 12] [--keys decode10] [--time-limit S]
+**Fidelity** (``--fidelity CACHE``): every valid winner row of ``CACHE`` for this device is re-timed in
+this process (a fresh one, unlike the tuner's) on the key's representative problem with the tuner's
+timer: error = t(now) / t(stored) - 1.
+
+Usage (H200, one call of at most 9 minutes)::
+
+    python benchmarks/regret.py --keys families16 --fidelity cache.db --time-limit 480 \
+        --out benchmarks/results/regret_h200.json
+    python benchmarks/regret.py --keys cpu2 --fidelity /tmp/cpu.db --out /tmp/regret.json   # CPU smoke
+
+The JSON is rewritten after every key (a timeout still leaves the keys done); its ``summary`` holds
+``keys``, ``families``, ``geomean_regret``, ``max_regret``, ``max_fidelity_error``.
 """
 
 from __future__ import annotations
@@ -13,43 +30,115 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env import environment  # noqa: E402
 
 from attntune.autotune import gate  # noqa: E402
 from attntune.autotune.runner import tune  # noqa: E402
+from attntune.autotune.space import SearchSpace  # noqa: E402
+from attntune.autotune.sweep import key_seed  # noqa: E402
 from attntune.autotune.timing import Timer, TimingOptions, graph_timed, make_call  # noqa: E402
-from attntune.device import default_device  # noqa: E402
+from attntune.cache.layered import LayeredCache, open_store  # noqa: E402
+from attntune.device import default_device, device_fingerprint  # noqa: E402
+from attntune.key import TuneKey  # noqa: E402
 from attntune.kernels import registry  # noqa: E402
 from attntune.problem import AttentionProblem  # noqa: E402
 
 
-def _p(b, hq, hkv, sq, skv, d, **kw):
+def _p(b, hq, hkv, sq, skv, d, dtype="bfloat16", device="cuda", **kw):
     return AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_kv=skv, head_dim=d,
-                            head_dim_v=d, dtype="bfloat16", device_type="cuda", **kw)
+                            head_dim_v=d, dtype=dtype, device_type=device, **kw)
 
 
-KEY_SETS = {
-    # Decode keys of the default and decode suites (D=128, bf16): all share compiled kernels, which is
-    # what makes an exhaustive grid affordable in a short GPU lease.
-    "decode10": [_p(b, 32, hkv, 1, s, 128, kv_lens=True) for b, s, hkv in (
-        (1, 1024, 8), (1, 4096, 8), (1, 8192, 8), (1, 32768, 8), (4, 8192, 8), (8, 8192, 8),
-        (16, 2048, 8), (32, 8192, 8), (64, 4096, 8), (16, 2048, 32))],
-    # CPU smoke test of this script (SDPA CPU backends only).
-    "cpu2": [_p(2, 4, 4, 128, 128, 64).model_copy(update={"dtype": "float32", "device_type": "cpu"}),
-             _p(2, 4, 4, 128, 128, 64, causal=True).model_copy(update={"dtype": "float32", "device_type": "cpu"})],
-    "window4": [_p(4, 16, 16, 8192, 8192, 64, causal=True, window=(512, 0)),
-                _p(2, 32, 8, 4096, 4096, 128, causal=True, window=(1024, 0)),
-                _p(1, 32, 8, 16384, 16384, 128, causal=True, window=(1024, 0)),
-                _p(16, 16, 16, 2048, 2048, 64, causal=True)],
+#: (family, problem). Families: what the issue's regret target spans.
+KEY_SETS: Dict[str, List[Tuple[str, AttentionProblem]]] = {
+    "families16": [
+        ("decode_kv_lens", _p(1, 32, 8, 1, 4096, 128, kv_lens=True)),
+        ("decode_kv_lens", _p(8, 32, 8, 1, 8192, 128, kv_lens=True)),
+        ("decode_kv_lens", _p(32, 32, 8, 1, 8192, 128, kv_lens=True)),
+        ("decode", _p(1, 32, 8, 1, 4096, 64)),
+        ("decode", _p(8, 32, 8, 1, 1024, 64)),
+        ("decode_window", _p(2, 32, 8, 1, 16384, 128, kv_lens=True, window=(1024, -1))),
+        ("dense_prefill", _p(4, 32, 32, 1024, 1024, 128, causal=True)),
+        ("dense_prefill", _p(2, 32, 8, 2048, 2048, 64)),
+        ("dense_prefill", _p(2, 16, 16, 4096, 4096, 80, causal=True)),
+        ("chunked_prefill", _p(1, 32, 8, 512, 4096, 128, causal=True)),
+        ("sliding_window", _p(2, 32, 8, 4096, 4096, 128, causal=True, window=(1024, 0))),
+        ("sliding_window", _p(4, 16, 16, 8192, 8192, 64, causal=True, window=(512, 0))),
+        ("training", _p(4, 16, 16, 1024, 1024, 64, causal=True, mode="fwd_bwd")),
+        ("training", _p(2, 16, 16, 2048, 2048, 128, causal=True, window=(512, 0), mode="fwd_bwd")),
+        ("fp32", _p(2, 16, 16, 1024, 1024, 64, dtype="float32", causal=True)),
+        ("fp32", _p(4, 32, 8, 1, 2048, 64, dtype="float32", kv_lens=True)),
+    ],
+    # CPU smoke test of this script (the SDPA CPU backends and eager).
+    "cpu2": [("dense_prefill", _p(2, 4, 4, 128, 128, 64, dtype="float32", device="cpu")),
+             ("dense_prefill", _p(2, 4, 4, 128, 128, 64, dtype="float32", device="cpu", causal=True))],
 }
+
+
+def _cid(name: str, cfg: dict) -> str:
+    return name + json.dumps(cfg, sort_keys=True)
+
+
+def reference_configs(problem: AttentionProblem, max_configs: int, keep: List[Tuple[str, dict]],
+                      seed: int) -> Tuple[List[Tuple[str, dict]], Dict[str, dict]]:
+    """The reference search's (variant, config) list and, per variant, ``{"grid": n, "measured": m}``.
+
+    A grid of at most ``max_configs`` valid configs is taken whole; a larger one is sampled (seeded,
+    uniform without replacement over the enumerated grid) to ``max_configs``, plus the variant's default
+    and any config of ``keep`` (the budgeted winner)."""
+    space = SearchSpace(problem)
+    rng = random.Random(seed)
+    out, info = [], {}
+    for cand in space.candidates:
+        grid = list(cand.space.grid())
+        pick = grid if len(grid) <= max_configs else rng.sample(grid, max_configs)
+        extra = [cand.space.first()] + [c for n, c in keep if n == cand.name and not cand.space.validate(c)]
+        seen, chosen = set(), []
+        for cfg in pick + extra:
+            cid = _cid(cand.name, cfg)
+            if cid not in seen:
+                seen.add(cid)
+                chosen.append((cand.name, cfg))
+        out.extend(chosen)
+        info[cand.name] = {"grid": len(grid), "measured": len(chosen)}
+    return out, info
+
+
+def reference_search(problem, device, configs, prune: float, deadline: float) -> dict:
+    """Measure ``configs`` (gate, cheap timing, full timing unless pruned); the best one and counts."""
+    inp = gate.prepare(problem, device, seed=7)
+    timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
+    best_ms, best, n_full, n_pruned, n_failed = math.inf, None, 0, 0, 0
+    for name, cfg in configs:
+        if time.time() > deadline:
+            return {"best": best, "best_ms": best_ms, "full": n_full, "pruned": n_pruned, "failed": n_failed,
+                    "cut_short": True}
+        try:
+            variant = registry.get(name)
+            if not gate.check(variant, cfg, inp).ok:
+                n_failed += 1
+                continue
+            fn, grads = make_call(variant, cfg, inp, grads=problem.mode == "fwd_bwd")
+            if timer.cheap(fn, grads) > prune * best_ms:
+                n_pruned += 1
+                continue
+            ms = timer.full(fn, grads)
+            n_full += 1
+            if ms < best_ms:
+                best_ms, best = ms, (name, cfg)
+        except Exception:  # noqa: BLE001 — a config that does not compile or run is a failed trial
+            n_failed += 1
+    return {"best": best, "best_ms": best_ms, "full": n_full, "pruned": n_pruned, "failed": n_failed,
+            "cut_short": False}
 
 
 def retime(problem, a, b, device, rounds=5):
@@ -68,54 +157,114 @@ def retime(problem, a, b, device, rounds=5):
     return statistics.median(ts[0]), statistics.median(ts[1])
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results/regret_h200.json")
-    ap.add_argument("--trials", type=int, default=12, help="the budget under test")
-    ap.add_argument("--keys", default="decode10", help=",".join(KEY_SETS))
-    ap.add_argument("--time-limit", type=float, default=None, help="wall seconds for the exhaustive pass")
-    args = ap.parse_args()
-    device = default_device()
-    problems = [p for ks in args.keys.split(",") for p in KEY_SETS[ks]]
-    tmp = Path(tempfile.mkdtemp())
-    t0 = time.time()
-    budget = {r.key_id: r for r in tune(problems, cache=str(tmp / "budget.db"), storage="memory",
-                                        trials=args.trials, seed=1)}
-    t_budget = time.time() - t0
-    t0 = time.time()
-    full = {r.key_id: r for r in tune(problems, cache=str(tmp / "full.db"), storage="memory", trials=100000,
-                                      seed=2, time_limit=args.time_limit)}
-    t_full = time.time() - t0
+def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]:
+    """Re-time every valid winner row of ``cache`` for ``device`` (see the module docstring)."""
+    fp = device_fingerprint(device)
+    store = open_store(cache, readonly=True, label="fidelity")
+    if store is None:
+        raise SystemExit(f"--fidelity: cannot open {cache}")
+    layers = LayeredCache([("fidelity", store)])
     rows = []
-    for p in problems:
-        from attntune.device import device_fingerprint
-        from attntune.key import TuneKey
-
-        kid = TuneKey.from_problem(p, device_fingerprint(device)).key_id
-        b, f = budget.get(kid), full.get(kid)
-        row = {"key": p.short(), "key_id": kid}
-        if b is None or f is None:
-            row["error"] = "not tuned in the time limit" if f is None else "budgeted tune found no winner"
+    for rec in layers.valid_records():
+        if rec.key.device != fp:
+            continue
+        row = {"key": rec.key.short(), "key_id": rec.key_id, "variant": rec.variant, "config": rec.config,
+               "stored_ms": rec.median_ms, "stored_spread": rec.spread}
+        if time.time() > deadline:
+            row["error"] = "time limit"
             rows.append(row)
             continue
-        row.update(budget_winner=[b.variant, b.config], budget_trials=b.trials, exhaustive_winner=[f.variant, f.config],
-                   exhaustive_trials=f.trials)
-        if (b.variant, b.config) == (f.variant, f.config):
-            row.update(regret=0.0, same_choice=True, budget_ms=b.median_ms, exhaustive_ms=f.median_ms)
-        else:
-            tb, tf = retime(p, (b.variant, b.config), (f.variant, f.config), device)
-            row.update(regret=tb / tf - 1, same_choice=False, budget_ms=tb, exhaustive_ms=tf)
+        try:
+            problem = rec.key.representative()
+            inp = gate.prepare(problem, device, key_seed(rec.key_id, 0))
+            variant = registry.get(rec.variant)
+            fn, grads = make_call(variant, rec.config, inp, grads=problem.mode == "fwd_bwd")
+            timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
+            timer.cheap(fn, grads)  # warm-up (compiles)
+            ms = statistics.median(timer.full(fn, grads) for _ in range(rounds))
+            row.update(now_ms=ms, error_frac=ms / rec.median_ms - 1)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"
         rows.append(row)
         print(json.dumps(row), flush=True)
+    return rows
+
+
+def summarize(rows: List[dict], fid: List[dict]) -> dict:
     regrets = [r["regret"] for r in rows if "regret" in r]
     geo = math.exp(sum(math.log(1 + max(x, 0.0)) for x in regrets) / len(regrets)) - 1 if regrets else None
-    doc = {"benchmark": "regret", "environment": environment(), "trials_budget": args.trials,
-           "budget_pass_s": t_budget, "exhaustive_pass_s": t_full, "rows": rows,
-           "summary": {"keys": len(regrets), "geomean_regret": geo, "max_regret": max(regrets, default=None),
-                       "same_choice": sum(r.get("same_choice", False) for r in rows)}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1))
-    print(json.dumps(doc["summary"], indent=1), f"budget pass {t_budget:.0f}s, exhaustive pass {t_full:.0f}s")
+    errs = [abs(r["error_frac"]) for r in fid if "error_frac" in r]
+    return {"keys": len(regrets), "families": sorted({r["family"] for r in rows if "regret" in r}),
+            "geomean_regret": geo, "max_regret": max(regrets, default=None),
+            "same_choice": sum(r.get("same_choice", False) for r in rows),
+            "sampled_keys": sum(r.get("sampled", False) for r in rows),
+            "fidelity_rows": len(errs), "max_fidelity_error": max(errs, default=None),
+            "median_fidelity_error": statistics.median(errs) if errs else None}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/regret_h200.json")
+    ap.add_argument("--trials", type=int, default=8, help="the budget under test (the shipped cache's)")
+    ap.add_argument("--keys", default="families16", help=",".join(KEY_SETS))
+    ap.add_argument("--max-configs", type=int, default=48, help="reference configs per variant (sampled above)")
+    ap.add_argument("--prune", type=float, default=1.5, help="skip full timing above this x the best so far")
+    ap.add_argument("--time-limit", type=float, default=480.0, help="wall seconds for everything")
+    ap.add_argument("--fidelity", metavar="CACHE", help="re-time the valid rows of this cache (first)")
+    ap.add_argument("--fidelity-share", type=float, default=0.25, help="share of the time limit for fidelity")
+    args = ap.parse_args(argv)
+    device = default_device()
+    t_start = time.time()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "regret", "environment": environment(), "args": vars(args), "rows": [], "fidelity": []}
+
+    def save():
+        doc["summary"] = summarize(doc["rows"], doc["fidelity"])
+        doc["elapsed_s"] = time.time() - t_start
+        out.write_text(json.dumps(doc, indent=1, default=str))
+
+    if args.fidelity:
+        doc["fidelity"] = fidelity(args.fidelity, device, t_start + args.fidelity_share * args.time_limit)
+        save()
+    deadline = t_start + args.time_limit
+    tmp = Path(tempfile.mkdtemp())
+    for family, p in (fp for ks in args.keys.split(",") for fp in KEY_SETS[ks]):
+        kid = TuneKey.from_problem(p, device_fingerprint(device)).key_id
+        row = {"family": family, "key": p.short(), "key_id": kid}
+        if time.time() > deadline:
+            row["error"] = "time limit"
+            doc["rows"].append(row)
+            continue
+        t0 = time.time()
+        recs = tune([p], cache=str(tmp / f"{kid}.db"), storage="memory", trials=args.trials, seed=1)
+        row["budget_s"] = time.time() - t0
+        if not recs:
+            row["error"] = "budgeted tune found no winner"
+            doc["rows"].append(row)
+            save()
+            continue
+        b = recs[0]
+        configs, info = reference_configs(p, args.max_configs, [(b.variant, b.config)], key_seed(kid, 2))
+        t0 = time.time()
+        ref = reference_search(p, device, configs, args.prune, deadline)
+        row.update(budget_winner=[b.variant, b.config], budget_trials=b.trials, reference=info,
+                   sampled=any(v["measured"] < v["grid"] for v in info.values()), reference_s=time.time() - t0,
+                   reference_full=ref["full"], reference_pruned=ref["pruned"], reference_failed=ref["failed"])
+        if ref["best"] is None or ref["cut_short"]:
+            row["error"] = "reference search cut short by the time limit" if ref["cut_short"] else "no reference"
+        elif (b.variant, b.config) == ref["best"]:
+            row.update(regret=0.0, same_choice=True, reference_winner=list(ref["best"]), budget_ms=b.median_ms,
+                       reference_ms=ref["best_ms"])
+        else:
+            tb, tr = retime(p, (b.variant, b.config), ref["best"], device)
+            row.update(regret=tb / tr - 1, same_choice=False, reference_winner=list(ref["best"]), budget_ms=tb,
+                       reference_ms=tr)
+        doc["rows"].append(row)
+        save()
+        print(json.dumps({k: v for k, v in row.items() if k != "reference"}), flush=True)
+    save()
+    print(json.dumps(doc["summary"], indent=1), f"in {time.time() - t_start:.0f}s")
 
 
 if __name__ == "__main__":

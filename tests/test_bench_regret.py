@@ -1,0 +1,53 @@
+"""CPU smoke test of benchmarks/regret.py: tune a CPU key into a cache, then run the regret script on the
+CPU key set with that cache's fidelity check, in a subprocess, and check the JSON layout the GPU run
+will write (rows with regrets and the reference's counts, fidelity rows, the summary)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "regret.py"
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def test_regret_smoke(tmp_path):
+    env = dict(os.environ, ATTNTUNE_SYSTEM_CACHE="", ATTNTUNE_CACHE=str(tmp_path / "user.db"), PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    cache = tmp_path / "tuned.db"
+    tune = [sys.executable, "-m", "attntune", "tune", "--shape", "b=2,hq=4,hkv=4,sq=128,d=64,dtype=float32",
+            "--cache", str(cache), "--storage", "memory", "--trials", "3"]
+    p = subprocess.run(tune, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = tmp_path / "regret.json"
+    cmd = [sys.executable, str(SCRIPT), "--keys", "cpu2", "--trials", "3", "--max-configs", "2",
+           "--fidelity", str(cache), "--time-limit", "200", "--out", str(out)]
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["torch"]
+    assert len(doc["rows"]) == 2
+    for r in doc["rows"]:
+        assert "error" not in r, r
+        assert r["family"] == "dense_prefill" and r["regret"] >= -1 and _finite(r["regret"])
+        assert r["budget_winner"][0] and r["reference_winner"][0]
+        # every candidate's grid size and how much of it the reference measured
+        assert r["reference"] and all(v["measured"] >= 1 and v["grid"] >= 1 for v in r["reference"].values())
+        assert r["reference_full"] >= 1
+    (f,) = doc["fidelity"]  # the one key tuned above
+    assert f["variant"] and _finite(f["stored_ms"]) and _finite(f["now_ms"]) and _finite(f["error_frac"])
+    s = doc["summary"]
+    assert s["keys"] == 2 and s["families"] == ["dense_prefill"] and s["fidelity_rows"] == 1
+    # the geomean clips each regret at 0 and fidelity errors are absolute; a max regret may be negative
+    # (the budgeted winner re-timed faster than the reference's)
+    for k in ("geomean_regret", "max_fidelity_error"):
+        assert _finite(s[k]) and s[k] >= 0, k
+    assert _finite(s["max_regret"]) and s["max_regret"] > -1
