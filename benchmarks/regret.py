@@ -206,7 +206,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/regret_h200.json")
     ap.add_argument("--trials", type=int, default=8, help="the budget under test (the shipped cache's)")
-    ap.add_argument("--keys", default="families16", help=",".join(KEY_SETS))
+    ap.add_argument("--keys", default="families16", help=",".join(KEY_SETS) + " (empty: fidelity only)")
     ap.add_argument("--max-configs", type=int, default=48, help="reference configs per variant (sampled above)")
     ap.add_argument("--prune", type=float, default=1.5, help="skip full timing above this x the best so far")
     ap.add_argument("--time-limit", type=float, default=480.0, help="wall seconds for everything")
@@ -229,7 +229,7 @@ def main(argv=None):
         save()
     deadline = t_start + args.time_limit
     tmp = Path(tempfile.mkdtemp())
-    for family, p in (fp for ks in args.keys.split(",") for fp in KEY_SETS[ks]):
+    for family, p in (fp for ks in args.keys.split(",") if ks for fp in KEY_SETS[ks]):
         kid = TuneKey.from_problem(p, device_fingerprint(device)).key_id
         row = {"family": family, "key": p.short(), "key_id": kid}
         if time.time() > deadline:
