@@ -265,7 +265,8 @@ class AttentionProblem(BaseModel):
         fields = self.__pydantic_fields_set__
         # shared with the original when it already names the shape (it does after one resize): one
         # object fewer per new shape for the garbage collector
-        _set_attr(new, "__pydantic_fields_set__", fields if _SHAPE_FIELDS <= fields else fields | _SHAPE_FIELDS)
+        _set_attr(new, "__pydantic_fields_set__",
+                  fields if _SHAPE_FIELDS <= fields else fields | _SHAPE_FIELDS)
         _set_attr(new, "__pydantic_private__", None)
         return new
 

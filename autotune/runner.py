@@ -16,6 +16,7 @@ parent over a queue.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue as queue_mod
 import signal
@@ -177,6 +178,17 @@ def run_worker(
             if pending and waiting:
                 time.sleep(POLL_S)
     except KeyboardInterrupt:
+        # The interrupt may have landed anywhere, e.g. between taking a claim and the try block that
+        # releases it: release every live claim of this worker (finished keys keep their done claims).
+        try:
+            with interrupts_deferred():
+                for k in keys:
+                    try:
+                        retry_locked(store.release_claim, k.key_id, owner)
+                    except Exception:  # noqa: BLE001 — the claim then simply expires
+                        pass
+        except KeyboardInterrupt:
+            pass  # another interrupt while releasing: already stopping
         raise Interrupted([results[k.key_id] for k in keys if k.key_id in results]) from None
     finally:
         if not isinstance(cache, CacheStore):
@@ -244,13 +256,15 @@ def _tune_claimed(
         )
         return res
     finally:
-        try:
-            if finished:
-                claims.finish(store, kid, owner)
-            else:
-                retry_locked(store.release_claim, kid, owner)
-        except Exception:  # noqa: BLE001 — the claim then simply expires
-            pass
+        # A second Ctrl-C / SIGTERM while the claim is being settled must not leave it live.
+        with interrupts_deferred():
+            try:
+                if finished:
+                    claims.finish(store, kid, owner)
+                else:
+                    retry_locked(store.release_claim, kid, owner)
+            except Exception:  # noqa: BLE001 — the claim then simply expires
+                pass
         if key.device.device_type == "cuda" and torch.cuda.is_initialized():
             # Keys differ wildly in size: hand the last key's cached blocks back before the next one.
             torch.cuda.empty_cache()
@@ -265,6 +279,34 @@ def _raise_interrupt(signum, frame) -> None:
     global _TERMINATED
     _TERMINATED = True
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold Ctrl-C and SIGTERM back during a short critical section (settling a claim in the database):
+    a signal that arrives inside is raised as ``KeyboardInterrupt`` when the section ends, so the
+    section itself always completes. Off the main thread Python delivers no signals: nothing to hold."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got = []
+
+    def hold(signum, frame):
+        got.append(signum)
+
+    old = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if got:
+            if signal.SIGTERM in got:
+                global _TERMINATED
+                _TERMINATED = True
+            raise KeyboardInterrupt
 
 
 def sigterm_as_interrupt():

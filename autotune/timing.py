@@ -66,8 +66,9 @@ class TimingOptions:
 def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Callable[[], None], list]:
     """The function to time and the tensors whose ``.grad`` do_bench resets between reps.
 
-    Forward: the variant's bound call (:meth:`~attntune.kernels.base.Variant.bind`) under no_grad. Forward+backward: run, then ``backward`` with the key's fixed
-    ``dout`` [B, Hq, Sq, Dv] (the gradient of a typical loss; its values do not change the cost)."""
+    Forward: the variant's bound call (:meth:`~attntune.kernels.base.Variant.bind`: what the runtime
+    calls) under no_grad. Forward+backward: run, then ``backward`` with the key's fixed ``dout``
+    [B, Hq, Sq, Dv] (the gradient of a typical loss; its values do not change the cost)."""
     p = inp.problem
     kv_lens = inp.kv_lens if p.kv_lens else None
     q, k, v = inp.leaves()

@@ -405,6 +405,58 @@ def test_interrupt_then_resume_tunes_each_key_once(tmp_path, monkeypatch, regist
     assert results[2].record.trials == 5
 
 
+@pytest.mark.parametrize("where", ["after_claim", "while_finishing"])
+def test_an_interrupt_at_any_point_leaves_no_live_claim(tmp_path, monkeypatch, where):
+    """Ctrl-C / SIGTERM can land between taking a key's claim and the block that releases it, or while a
+    finished key's claim is being marked done (the SIGTERM test's race: the winner row is visible and
+    the signal arrives during the claim update). Either way the run stops with Interrupted and no claim
+    stays live: a rerun never waits for a claim of a dead run."""
+    from attntune.autotune import runner as runner_mod
+
+    cache = str(tmp_path / "c.db")
+    problems = [prob(sq=s, skv=s) for s in (16, 32)]
+    if where == "after_claim":
+        real = claims.try_claim
+        calls = []
+
+        def claim_then_interrupt(*a, **k):
+            ok = real(*a, **k)
+            calls.append(ok)
+            if len(calls) == 2:  # the second key: claimed, then the interrupt before its try block
+                raise KeyboardInterrupt
+            return ok
+
+        monkeypatch.setattr(runner_mod.claims, "try_claim", claim_then_interrupt)
+    else:
+        def finish_interrupted(store, key_id, owner):
+            raise KeyboardInterrupt  # as if the signal arrived just before the update
+
+        monkeypatch.setattr(runner_mod.claims, "finish", finish_interrupted)
+    with pytest.raises(runner_mod.Interrupted):
+        run_worker(problems, cache=cache, storage="memory", options=SweepOptions(trials=2, timing=QUICK),
+                   run_start=utcnow())
+    store = CacheStore(cache)
+    live = [claims.claim_state(store, key_of(p).key_id) for p in problems]
+    assert all(st is None or st["done"] for st in live), live
+    assert len(store.raw_winners()) == 1  # the first key finished (and kept its winner)
+
+
+def test_interrupts_deferred_holds_a_signal_until_the_section_ends():
+    import os
+    import signal
+
+    from attntune.autotune.runner import interrupts_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs here: it must only record the signal
+            done.append(True)
+    assert done == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
 def test_time_limit_leaves_the_key_in_progress_to_the_next_run(tmp_path, monkeypatch, register):
     register(Slow())
     allow(monkeypatch, "t_slow")
