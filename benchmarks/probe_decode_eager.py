@@ -45,6 +45,28 @@ class _Mod(torch.nn.Module):
     num_key_value_groups = HQ // HKV
 
 
+def _interleaved(fns: dict, warmup: int, rounds: int, calls: int, per: int, sync_after: bool = False) -> dict:
+    """µs per ``calls / per`` of each function over ``rounds`` rounds, the order alternating between rounds
+    (ABAB / BABA) so that a slow stretch of the host hits every function alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    out = {n: [] for n in fns}
+    for r in range(rounds):
+        for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            fn = fns[n]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if sync_after:
+                torch.cuda.synchronize()
+            out[n].append((time.perf_counter() - t0) / per * 1e6)
+    torch.cuda.synchronize()
+    return out
+
+
 def hf_call(out: dict, dev: str) -> None:
     import attntune.hf
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -58,20 +80,8 @@ def hf_call(out: dict, dev: str) -> None:
             v = torch.randn_like(k)
             fns = {"sdpa": lambda: sdpa_attention_forward(mod, q, k, v, None, scaling=0.125),
                    "attntune": lambda: attntune.hf.attention_forward(mod, q, k, v, None, scaling=0.125)}
-            for fn in fns.values():
-                for _ in range(50):
-                    fn()
-            torch.cuda.synchronize()
-            rounds = {n: [] for n in fns}
-            for r in range(15):
-                for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                    fn = fns[n]
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(200):
-                        fn()
-                    rounds[n].append((time.perf_counter() - t0) / 200 * 1e6)
-                    torch.cuda.synchronize()
+            # host µs a call: the device is waited for only between rounds (the host runs ahead)
+            rounds = _interleaved(fns, warmup=50, rounds=15, calls=200, per=200)
             res[f"B{B}_L{L}"] = {n: {"host_us_median": statistics.median(x), "host_us_min": min(x)}
                                  for n, x in rounds.items()}
             print(f"hf_call B={B} L={L}: " + "  ".join(f"{n} {statistics.median(x):.1f} us" for n, x in rounds.items()),
@@ -106,20 +116,8 @@ def eager_loop(out: dict, dev: str) -> None:
 
                 fns = {"split_auto": tri(DecodeConfig()), "one_split": tri(DecodeConfig(num_splits=1)),
                        "sdpa_default": sd(None), "sdpa_flash": sd(SDPBackend.FLASH_ATTENTION)}
-                for fn in fns.values():
-                    for _ in range(20):
-                        fn()
-                torch.cuda.synchronize()
-                rounds = {n: [] for n in fns}
-                for r in range(7):
-                    for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                        torch.cuda.synchronize()
-                        t0 = time.perf_counter()
-                        for _ in range(40):  # 40 steps x 8 layers
-                            for _ in range(8):
-                                fns[n]()
-                        torch.cuda.synchronize()
-                        rounds[n].append((time.perf_counter() - t0) / 40 * 1e6)
+                # µs a step of 8 calls (40 steps a round), device waited for at the end of each round
+                rounds = _interleaved(fns, warmup=20, rounds=7, calls=320, per=40, sync_after=True)
                 # device time alone: one CUDA graph of 8 calls per impl (the GPU-bound limit)
                 dev_us = {}
                 for n in ("split_auto", "one_split"):
