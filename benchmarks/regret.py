@@ -43,7 +43,7 @@ from env import environment  # noqa: E402
 
 from attntune.autotune import gate  # noqa: E402
 from attntune.autotune.runner import tune  # noqa: E402
-from attntune.autotune.space import SearchSpace  # noqa: E402
+from attntune.autotune.space import SearchSpace, config_id  # noqa: E402
 from attntune.autotune.sweep import key_seed  # noqa: E402
 from attntune.autotune.timing import Timer, TimingOptions, graph_timed, make_call  # noqa: E402
 from attntune.cache.layered import LayeredCache, open_store  # noqa: E402
@@ -84,10 +84,6 @@ KEY_SETS: Dict[str, List[Tuple[str, AttentionProblem]]] = {
 }
 
 
-def _cid(name: str, cfg: dict) -> str:
-    return name + json.dumps(cfg, sort_keys=True)
-
-
 def reference_configs(problem: AttentionProblem, max_configs: int, keep: List[Tuple[str, dict]],
                       seed: int) -> Tuple[List[Tuple[str, dict]], Dict[str, dict]]:
     """The reference search's (variant, config) list and, per variant, ``{"grid": n, "measured": m}``.
@@ -104,7 +100,7 @@ def reference_configs(problem: AttentionProblem, max_configs: int, keep: List[Tu
         extra = [cand.space.first()] + [c for n, c in keep if n == cand.name and not cand.space.validate(c)]
         seen, chosen = set(), []
         for cfg in pick + extra:
-            cid = _cid(cand.name, cfg)
+            cid = config_id(cand.name, cfg)
             if cid not in seen:
                 seen.add(cid)
                 chosen.append((cand.name, cfg))
