@@ -133,6 +133,11 @@ def run_worker(
         while pending:
             waiting = False
             for key in list(pending):
+                if _TERMINATED:
+                    # SIGTERM's handler raises KeyboardInterrupt wherever the main thread is, and Python
+                    # swallows it inside a finalizer or weakref callback ("Exception ignored in ...",
+                    # seen in a SQLAlchemy pool cleanup): the flag it set still stops the run here.
+                    raise KeyboardInterrupt
                 if options.time_up():
                     for k in pending:
                         results.setdefault(
@@ -284,8 +289,9 @@ def _raise_interrupt(signum, frame) -> None:
 @contextlib.contextmanager
 def interrupts_deferred():
     """Hold Ctrl-C and SIGTERM back during a short critical section (settling a claim in the database):
-    a signal that arrives inside is raised as ``KeyboardInterrupt`` when the section ends, so the
-    section itself always completes. Off the main thread Python delivers no signals: nothing to hold."""
+    a signal that arrives inside is sent again when the section ends, to the handler it would have met
+    (``KeyboardInterrupt`` for Ctrl-C and the tuner's SIGTERM), so the section itself always completes.
+    Off the main thread Python delivers no signals: nothing to hold."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -302,11 +308,8 @@ def interrupts_deferred():
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-        if got:
-            if signal.SIGTERM in got:
-                global _TERMINATED
-                _TERMINATED = True
-            raise KeyboardInterrupt
+        for sig in dict.fromkeys(got):  # delivered again, now to the handler that was held back
+            os.kill(os.getpid(), sig)
 
 
 def sigterm_as_interrupt():

@@ -441,6 +441,29 @@ def test_an_interrupt_at_any_point_leaves_no_live_claim(tmp_path, monkeypatch, w
     assert len(store.raw_winners()) == 1  # the first key finished (and kept its winner)
 
 
+def test_a_swallowed_sigterm_still_stops_the_run_at_the_next_key(tmp_path, monkeypatch):
+    """SIGTERM's KeyboardInterrupt can be raised inside a finalizer, where Python prints and drops it; the
+    flag its handler set stops the run before the next key (finished keys kept, no live claim)."""
+    from attntune.autotune import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "_TERMINATED", False)
+    real = claims.finish
+
+    def finish_then_swallowed_sigterm(store, key_id, owner):
+        real(store, key_id, owner)
+        runner_mod._TERMINATED = True  # the handler ran; its exception was lost in a finalizer
+
+    monkeypatch.setattr(runner_mod.claims, "finish", finish_then_swallowed_sigterm)
+    cache = str(tmp_path / "c.db")
+    problems = [prob(sq=s, skv=s) for s in (16, 32)]
+    with pytest.raises(runner_mod.Interrupted):
+        run_worker(problems, cache=cache, storage="memory", options=SweepOptions(trials=2, timing=QUICK),
+                   run_start=utcnow())
+    store = CacheStore(cache)
+    assert len(store.raw_winners()) == 1
+    assert all(st is None or st["done"] for st in (claims.claim_state(store, key_of(p).key_id) for p in problems))
+
+
 def test_interrupts_deferred_holds_a_signal_until_the_section_ends():
     import os
     import signal
