@@ -134,6 +134,15 @@ class Variant(abc.ABC):
             out = self.space(problem).validate(config)
         return out
 
+    def family_generic(self, problem: AttentionProblem, config: Config) -> bool:
+        """True when :meth:`bind`'s callable for ``problem`` serves *every* shape of ``problem``'s family
+        (what its tuning key fixes: canonical mask, heads, head dims, dtype, mode, device; batch and
+        lengths anywhere in their buckets) from the tensors alone — the mask, scale and config it keeps
+        are the family's — and :meth:`reuse_reasons` is empty for all of them. The runtime then keeps
+        one slot for the whole family: a decode loop, whose KV length is new every step, pays a dict
+        store per new length instead of a problem model, a slot and a bound callable. Default False."""
+        return False
+
     def bind(self, problem: AttentionProblem, config: Config) -> Callable[..., torch.Tensor]:
         """A callable with :meth:`run`'s signature for calls of exactly ``problem``'s signature (shapes,
         dtypes, mask, mode) with ``config``: what the runtime keeps per call signature and the tuner times.

@@ -32,6 +32,9 @@ MAX_SEQLEN_Q = 16
 #: 1.2-1.28x at D=128 but 0.91-0.96x at D=64 (4096 keys: one program streams ~23 GB/s there, 46 µs of
 #: device time against ~40 µs of host time a call).
 EAGER_ONE_SPLIT_BYTES = 512 * 1024
+#: prepared launches one plan keeps (one per layout: a decode loop makes one per KV length); past this
+#: many they are dropped and re-prepared on use
+MAX_LAUNCHES = 4096
 MAX_HEAD_DIM = 256
 #: fp32 accumulator + score elements one thread may hold before the kernel spills
 MAX_REGS_PER_THREAD = 192
@@ -137,19 +140,23 @@ class TritonDecodeVariant(Variant):
             cfg = self._configs.setdefault(key, DecodeConfig.from_dict(config))
         return cfg
 
-    def eager_config(self, cfg: DecodeConfig, problem: AttentionProblem) -> DecodeConfig:
-        """The config of an eager call (not captured in a CUDA graph) of ``problem``'s exact shape.
+    def eager_config(self, cfg: DecodeConfig, seqlen_q: int, seqlen_kv: int, window, bytes_per_key: int,
+                     cuda: bool) -> DecodeConfig:
+        """The config of an eager call (not captured in a CUDA graph) of this exact shape.
 
         Tuned decode configs are ranked by device time under CUDA graphs. Outside a graph a small decode
         is host-bound, and one split saves the reduction's launch and the partials buffer, so a call
-        whose programs each read at most :data:`EAGER_ONE_SPLIT_BYTES` runs one split."""
-        if cfg.num_splits == 1 or problem.device_type != "cuda":
+        whose programs each read at most :data:`EAGER_ONE_SPLIT_BYTES` (``bytes_per_key``: K and V bytes
+        of one key) runs one split."""
+        if cfg.num_splits == 1 or not cuda:
             return cfg
-        left = None if problem.window is None else problem.window[0]
-        span = keys_per_program(problem.seqlen_kv, problem.seqlen_q, left)
-        if span * (problem.head_dim + problem.head_dim_v) * problem.torch_dtype.itemsize <= EAGER_ONE_SPLIT_BYTES:
-            return self._one_split(cfg)
-        return cfg
+        span = keys_per_program(seqlen_kv, seqlen_q, None if window is None else window[0])
+        return self._one_split(cfg) if span * bytes_per_key <= EAGER_ONE_SPLIT_BYTES else cfg
+
+    def family_generic(self, problem: AttentionProblem, config: Config) -> bool:
+        # supports() reads the lengths only for a causal/window mask aligned top-left (kv_lens, Sq != Skv);
+        # the space does not depend on lengths; BoundDecode takes every shape from the tensors.
+        return problem.causal_align == "bottom_right" or not (problem.causal or problem.window is not None)
 
     def bind(self, problem: AttentionProblem, config: Config) -> "BoundDecode":
         return BoundDecode(self, problem, config)
@@ -160,44 +167,69 @@ class TritonDecodeVariant(Variant):
 
 
 class BoundDecode:
-    """``triton_decode``'s run for one call signature (the runtime's slot: exact shapes, dtypes, mask and
-    config), see :meth:`Variant.bind`.
+    """``triton_decode``'s run for one plan, serving every shape of the plan's family (see
+    :meth:`Variant.family_generic`): the runtime keeps one of these for a decode loop, whose KV length
+    is new at every step.
 
-    The host path of a decode step is its speed (an eager decode step is host-bound). The runtime has
-    validated the inputs for these shapes, so the public op's argument checks are skipped; everything a
-    launch needs besides the tensors — tile sizes, splits, grid, the kernels' specialization keys and
-    argument tails (:class:`~attntune.kernels.triton_decode.launch.DecodeLaunch`) — is prepared on the
-    first call of each *layout* and kept. A layout is what the prepared launch depends on that the slot's
-    signature does not fix: whether a CUDA graph is being captured (eager calls may run one split, see
-    :meth:`TritonDecodeVariant.eager_config`), the strides of q/k/v, their pointers' 16-byte alignment,
-    ``kv_lens``' dtype and alignment, and (float32 only) whether TF32 is allowed. The output is allocated
-    here (contiguous, the caching allocator's alignment), so its layout is fixed."""
+    The host path of a decode step is its speed (an eager step is host-bound). The runtime has validated
+    the inputs' consistency (its family signature), so the public op's argument checks are skipped;
+    everything a launch needs besides the tensors — tile sizes, splits, grid, the kernels' specialization
+    keys and argument tails, the output's shape
+    (:class:`~attntune.kernels.triton_decode.launch.DecodeLaunch`) — is prepared on the first call of each
+    *layout* and kept. A layout is what the prepared launch depends on that the plan does not fix: the
+    batch and lengths (q's shape, the KV length), whether a CUDA graph is being captured (eager calls may
+    run one split, see :meth:`TritonDecodeVariant.eager_config`), the strides of q/k/v, their pointers'
+    16-byte alignment, ``kv_lens``' dtype and alignment, and (float32 only) whether TF32 is allowed. The
+    output is allocated here (contiguous, the caching allocator's alignment), so its layout is fixed. The
+    mask, scale and config are the plan's: equal for every shape of the family (its signature holds the
+    canonical mask)."""
 
-    __slots__ = ("cfg", "eager_cfg", "causal", "window", "scale", "out_shape", "fp32", "launches")
+    __slots__ = ("variant", "cfg", "causal", "window", "scale", "fp32", "cuda", "bytes_per_key", "launches",
+                 "last")
 
     def __init__(self, variant: TritonDecodeVariant, problem: AttentionProblem, config: Config):
+        self.variant = variant
         self.cfg = variant._config(config)
-        self.eager_cfg = variant.eager_config(self.cfg, problem)
         self.causal, self.window, self.scale = problem.causal, problem.window, problem.softmax_scale
-        self.out_shape = (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim_v)
         self.fp32 = problem.dtype == "float32"
+        self.cuda = problem.device_type == "cuda"
+        self.bytes_per_key = (problem.head_dim + problem.head_dim_v) * problem.torch_dtype.itemsize
         self.launches = {}
+        self.last = {}  # the layout but the KV length -> the launch prepared last for it
 
     def __call__(self, q, k, v, problem: AttentionProblem, config: Config,
                  kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
         capturing = q.is_cuda and _capturing()
         tf32 = tf32_allowed() if self.fp32 else True
-        layout = (capturing, tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16, k.data_ptr() % 16,
-                  v.data_ptr() % 16, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16))
-        out = q.new_empty(self.out_shape)
+        layout = (q.shape, k.shape[2], capturing, tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16,
+                  k.data_ptr() % 16, v.data_ptr() % 16,
+                  None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16))
         launch = self.launches.get(layout)
         if launch is None:
-            if out.numel() == 0:
-                return out
-            launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale,
-                                    self.cfg if capturing else self.eager_cfg, "tf32" if tf32 else "ieee",
-                                    self.window)
-            self.launches[layout] = launch
+            return self._first(layout, q, k, v, kv_lens, capturing, tf32)
+        return launch.launch(q, k, v, kv_lens, q.new_empty(launch.out_shape), q.get_device())
+
+    def _first(self, layout, q, k, v, kv_lens, capturing: bool, tf32: bool) -> torch.Tensor:
+        """The first call of ``layout``: prepare its launch — from the last launch of the same layout
+        but another KV length when only the length argument differs (a serving loop's views into one
+        cache: :meth:`~attntune.kernels.triton_decode.launch.DecodeLaunch.with_length`), else in full."""
+        out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+        if out.numel() == 0:
+            return out
+        cfg = self.cfg if capturing else self.variant.eager_config(self.cfg, q.shape[2], k.shape[2], self.window,
+                                                                   self.bytes_per_key, self.cuda)
+        other = (layout[0],) + layout[2:]  # the layout but the KV length
+        launch = self.last.get(other)
+        if launch is not None:
+            launch = launch.with_length(k.shape[2]) if launch.plan_args[9] is cfg else None
+        if launch is None:
+            launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, cfg,
+                                    "tf32" if tf32 else "ieee", self.window)
+        if len(self.launches) >= MAX_LAUNCHES:  # a long decode loop: one layout per length ever seen
+            self.launches.clear()
+            self.last.clear()
+        self.launches[layout] = launch
+        self.last[other] = launch
         return launch.launch(q, k, v, kv_lens, out, q.get_device())
 
 

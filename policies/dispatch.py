@@ -195,7 +195,8 @@ def _store(sig, plan: Plan, fresh_miss: bool, device) -> Slot:
         rt.overflow()
     slot = Slot(plan, plan.impl.bind(plan.problem, plan.config), plan.problem, plan.config,
                 rt.config.latency_sample, device,
-                miss=plan.key is not None and plan.key.key_id in rt.missed, reported=1 if fresh_miss else 0)
+                miss=plan.key is not None and plan.key.key_id in rt.missed, reported=1 if fresh_miss else 0,
+                generic=plan.source != "fallback" and plan.impl.family_generic(plan.problem, plan.config))
     SLOTS[sig] = slot
     return slot
 
@@ -227,15 +228,25 @@ def _family_sig(tag, q, k, v, kv_lens, causal, align, window, scale, approx, gra
 
 def _reuse(sig, fam: Optional[tuple], q, k) -> Optional[Slot]:
     """A slot for a never-seen exact shape from its family's plan, or None (then the slow path decides).
-    Builds the problem model once (a copy of the family's with the new batch and lengths) and asks the
-    variant whether it takes the exact shape; no index look-up, no database, no policy."""
+
+    A family-generic slot (:meth:`~attntune.kernels.base.Variant.family_generic`: decode) is itself stored
+    under the new signature — a dict store, nothing built. Otherwise the problem model is built once (a
+    copy of the family's with the new batch and lengths), the variant asked whether it takes the exact
+    shape, and a slot made for it. No index look-up, no database, no policy."""
     if fam is None:
         return None
     t = FAMILIES.get(fam)
     if t is None:
         return None
-    problem = t.problem.resized(q.shape[0], q.shape[2], k.shape[2])
     rt = _runtime.get()
+    if t.generic:
+        limit = rt.config.max_seqlen
+        if limit is None or max(q.shape[2], k.shape[2]) <= limit:
+            if len(SLOTS) >= _runtime.MAX_SLOTS:
+                rt.overflow()
+            SLOTS[sig] = t
+            return t
+    problem = t.problem.resized(q.shape[0], q.shape[2], k.shape[2])
     if rt.reuse_reasons(t.plan, problem):
         return None
     if len(SLOTS) >= _runtime.MAX_SLOTS:
@@ -333,17 +344,19 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens) -> Tensor:
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
         raise error  # not the kernel's fault, and the fallback (eager: O(S^2)) would need more memory
     rt = _runtime.get()
+    # a family-generic slot's problem is its family's first shape: the fallback needs this call's
+    problem = slot.problem.resized(q.shape[0], q.shape[2], k.shape[2]) if slot.generic else slot.problem
     if isinstance(error, (ValueError, TypeError)):
         # Possibly about the arguments (values the signature cannot see), not the variant: the safe
         # fallback decides. If it refuses them too, the caller gets the error and nothing is quarantined.
-        fb = fallback_plan(slot.problem, plan.key, [], rt.quarantine)
+        fb = fallback_plan(problem, plan.key, [], rt.quarantine)
         try:
             out = fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens)
         except Exception:  # noqa: BLE001 — the arguments' fault: the variant's error is the clearer one
             raise error from None
-        rt.quarantine_plan(plan, error)
+        rt.quarantine_plan(plan, error, problem)
         return out
-    fb = rt.quarantine_plan(plan, error)
+    fb = rt.quarantine_plan(plan, error, problem)
     with rt.lock:
         new = Slot(fb, fb.impl.run, fb.problem, fb.config, slot.every, slot.device, slot.miss, slot.reported)
         new.calls = slot.calls

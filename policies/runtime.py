@@ -54,11 +54,11 @@ class Slot:
     """One call signature's decision and counters (see the module docstring)."""
 
     __slots__ = ("fn", "problem", "config", "plan", "calls", "every", "miss", "reported", "samples",
-                 "events", "device")
+                 "events", "device", "generic")
 
     def __init__(self, plan: Optional[Plan], fn: Callable, problem: Optional[AttentionProblem],
                  config: Any, every: int, device: Optional[torch.device], miss: bool = False,
-                 reported: int = 0):
+                 reported: int = 0, generic: bool = False):
         self.plan = plan          # None: a pass-through to torch SDPA (drop-in inputs we do not cover)
         self.fn = fn              # fn(q, k, v, problem, config, kv_lens) -> out
         self.problem = problem
@@ -73,6 +73,10 @@ class Slot:
         self.samples: Optional[deque] = None  # milliseconds (deque(maxlen=MAX_SAMPLES))
         self.events: Optional[list] = None    # CUDA event pairs not yet read (read in stats(), never per call)
         self.device = device
+        # True: ``fn`` serves every shape of the plan's family (Variant.family_generic) and this one slot
+        # is stored under each of their signatures; ``problem`` is then the family's first shape, and
+        # the exact problem of a call is built only where one is needed (a failure's fallback)
+        self.generic = generic
 
 
 #: the hot path's signature → Slot dict (one object for the life of the process; reset() clears it)
@@ -266,10 +270,12 @@ class Runtime:
                 LOG.debug("background flush of misses failed: %s", e)
 
     # ---- failure handling -------------------------------------------------------------------------
-    def quarantine_plan(self, plan: Plan, error: BaseException) -> Plan:
+    def quarantine_plan(self, plan: Plan, error: BaseException, problem: Optional[AttentionProblem] = None) -> Plan:
         """Quarantine ``plan``'s (variant, config) for this process after it raised ``error``; every
-        plan using it is dropped (re-resolved on next use, skipping it), and ``plan``'s problem gets
-        the safe fallback, which is returned."""
+        plan using it is dropped (re-resolved on next use, skipping it), and the failing call's
+        ``problem`` (default: ``plan``'s own; another shape of its family when a family-generic slot
+        failed) gets the safe fallback, which is returned."""
+        problem = plan.problem if problem is None else problem
         tag = (plan.variant, plan.config_json)
         why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         with self.lock:
@@ -277,13 +283,13 @@ class Runtime:
                 self.quarantine.add(tag)
                 self.quarantine_why[tag] = why
                 self.warn_once(f"quarantine:{tag}",
-                          f"{plan.variant} {plan.config_json} failed on {plan.problem.short()} ({why}); "
+                          f"{plan.variant} {plan.config_json} failed on {problem.short()} ({why}); "
                           "it is quarantined for this process and calls fall back to torch SDPA/eager")
-            fb = fallback_plan(plan.problem, plan.key, [f"{plan.variant} failed here: {why}"], self.quarantine)
+            fb = fallback_plan(problem, plan.key, [f"{plan.variant} failed here: {why}"], self.quarantine)
             for ck, p in list(self.plans.items()):
-                if p is plan or ck[0] == plan.problem:
+                if ck[0] == problem:
                     self.plans[ck] = fb  # this problem: the safe fallback from now on
-                elif (p.variant, p.config_json) == tag:
+                elif p is plan or (p.variant, p.config_json) == tag:
                     del self.plans[ck]   # other problems: re-resolved on next use, skipping the tag
             for kk, p in list(self.by_key.items()):
                 if (p.variant, p.config_json) == tag:

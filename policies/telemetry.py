@@ -43,7 +43,9 @@ def stats() -> Dict[str, Any]:
 
     ``calls``: calls through attntune (drop-in pass-throughs to torch included); ``misses``: calls
     served without an exact tuned row (tuned/online policies); ``plans``: one entry per call signature
-    — problem, key id, variant, config, source, calls, miss, and ``latency`` (P50/P95/P99 in ms over the
+    — problem, key id, variant, config, source, calls, miss, ``family`` (True: one entry for every shape
+    of the problem's family, served by one family-generic plan, e.g. a decode loop's KV lengths; its
+    problem is the first shape), and ``latency`` (P50/P95/P99 in ms over the
     sampled calls, when ``ATTNTUNE_LATENCY_SAMPLE`` is set); ``keys``: the same aggregated per tuning key;
     ``quarantined``: variants that failed in this process and why.
     """
@@ -53,7 +55,8 @@ def stats() -> Dict[str, Any]:
     passthrough = COUNTS["passthrough"]
     total = passthrough
     misses = 0
-    for slot in list(SLOTS.values()):
+    # a family-generic slot is stored under every signature of its family: count it once
+    for slot in {id(s): s for s in list(SLOTS.values())}.values():
         total += slot.calls
         if slot.plan is None:
             passthrough += slot.calls
@@ -62,7 +65,8 @@ def stats() -> Dict[str, Any]:
         if slot.miss:
             misses += slot.calls
         entry = {"problem": (slot.problem or p.problem).short(), "key_id": p.key_id, "variant": p.variant, "config": p.config,
-                 "source": p.source, "calls": slot.calls, "miss": slot.miss, "latency": _latency(slot)}
+                 "source": p.source, "calls": slot.calls, "miss": slot.miss, "family": slot.generic,
+                 "latency": _latency(slot)}
         plans.append(entry)
         if p.key_id is not None:
             agg = keys.setdefault(p.key_id, {"key": p.key.short(), "calls": 0, "miss": slot.miss, "plans": []})

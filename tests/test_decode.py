@@ -278,6 +278,36 @@ def test_plan_cached_by_tile_counts_equals_the_direct_plan():
             left is not None, right is not None, left or 0, right or 0)
 
 
+def test_with_length_equals_a_full_prepare():
+    """DecodeLaunch.with_length (a serving loop's new length over views into one cache) gives exactly the
+    launch prepare_decode would — kernel keys, grid, argument tails — or None where the plan or Triton's
+    specialization of the length changes; for odd lengths, windows, configs, GQA shapes and kv_lens."""
+    rng = random.Random(11)
+    hits = 0
+    for _ in range(300):
+        B, Hkv, g, Sq = rng.choice((1, 3, 64)), rng.choice((1, 2)), rng.choice((1, 4, 7)), rng.randint(1, 16)
+        D = rng.choice((16, 40, 64))
+        S0 = rng.randint(1, 3000)
+        S1 = max(1, min(3000, S0 + rng.randint(-200, 200)))
+        buf = torch.empty(B, Hkv, 3000, D, dtype=torch.float16)
+        q = torch.empty(B, Hkv * g, Sq, D, dtype=torch.float16)
+        out = torch.empty(B, Hkv * g, Sq, D, dtype=torch.float16)
+        lens = torch.full((B,), S0, dtype=torch.int32) if rng.random() < 0.3 else None
+        cfg = launch.DecodeConfig(BLOCK_N=rng.choice((16, 64, 256)), num_splits=rng.choice((0, 0, 1, 3)))
+        causal = rng.random() < 0.5
+        window = rng.choice((None, (rng.randint(0, 2000), rng.choice((-1, 0, 3)))))
+        args = (causal, 0.3, cfg, "tf32", window)
+        first = launch.prepare_decode(q, buf[:, :, :S0], buf[:, :, :S0], lens, out, *args)
+        full = launch.prepare_decode(q, buf[:, :, :S1], buf[:, :, :S1], lens, out, *args)
+        got = first.with_length(S1)
+        if got is None:
+            assert full.plan != first.plan or launch.int_class(S1) != launch.int_class(S0), (B, Hkv, g, Sq, D, S0, S1)
+        else:
+            assert got == full, (B, Hkv, g, Sq, D, S0, S1, cfg, window)
+            hits += 1
+    assert hits > 100
+
+
 def test_plan_follows_the_window():
     plan = functools.partial(launch.plan_launch, 1, 32, 1, 128, 8, 32768, 128, 2, 132, 228 * 1024,
                              launch.DecodeConfig())
@@ -600,4 +630,35 @@ def test_gpu_decode_under_compiled_cudagraph_trees():
         ref = reference_attention(q, k, v, problem_of(q, k, False, True), lens, dtype=torch.float32)
         assert_close(out, ref, "bfloat16")
     torch._dynamo.reset()
+    attntune.reset()
+
+
+@pytest.mark.gpu
+def test_gpu_decode_family_slot_over_lengths_strides_and_batches():
+    """One family-generic slot serves a decode loop whose lengths cross the eager one-split limit, the
+    split plans and Triton's length class (views: re-lengthed launches), HF-style new contiguous tensors
+    (other strides), and two batches of one bucket — every output against the float32 reference."""
+    import attntune
+    from attntune.policies import runtime
+
+    attntune.reset()
+    q, kbuf, vbuf = rand_qkv(2, 32, 8, 1, 6000, 64, dtype=torch.bfloat16, device="cuda", seed=21)
+    assert attntune.explain(q, kbuf[:, :, :3100], vbuf[:, :, :3100], causal=True).variant == "triton_decode"
+    lengths = list(range(3073, 3140)) + list(range(4090, 4110)) + [5000, 5001, 5120, 5999]
+    for n in lengths:
+        k, v = kbuf[:, :, :n], vbuf[:, :, :n]
+        for kk, vv in ((k, v), (k.contiguous(), v.contiguous())):
+            out = attntune.attention(q, kk, vv, causal=True)
+            ref = reference_attention(q, kk, vv, problem_of(q, kk, False, False), dtype=torch.float32)
+            assert_close(out, ref, "bfloat16")
+    q17, k17, v17 = rand_qkv(17, 32, 8, 1, 3000, 64, dtype=torch.bfloat16, device="cuda", seed=22)
+    for b in (17, 20):
+        out = attntune.attention(q17[:b] if b <= 17 else torch.cat([q17, q17[:3]]),
+                                 *((t if b <= 17 else torch.cat([t, t[:3]])) for t in (k17, v17)), causal=True)
+        qq = q17 if b <= 17 else torch.cat([q17, q17[:3]])
+        kk, vv = ((t if b <= 17 else torch.cat([t, t[:3]])) for t in (k17, v17))
+        ref = reference_attention(qq, kk, vv, problem_of(qq, kk, False, False), dtype=torch.float32)
+        assert_close(out, ref, "bfloat16")
+    generic = {id(s) for s in runtime.SLOTS.values() if s.generic}
+    assert len(generic) >= 2 and len(runtime.SLOTS) >= len(lengths)
     attntune.reset()

@@ -822,3 +822,90 @@ def test_gpu_compile_fullgraph():
     g = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         torch.testing.assert_close(a, b, atol=0.9, rtol=0.1)
+
+
+# ---- a decode family: one slot for every KV length ----------------------------------------------------
+def _decode_family_env(monkeypatch):
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:triton_decode")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # triton_decode runs on the CPU only interpreted
+    attntune.reset()
+
+
+def _gqa_ref(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    return TORCH_SDPA(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
+
+
+def test_decode_family_is_served_by_one_slot_and_one_prepared_launch_per_plan(monkeypatch):
+    """A decode loop (views into one cache, a new KV length every call) keeps one slot for its family and
+    prepares one launch per split plan: the other lengths re-use it with the new length argument. A new
+    tensor (HF's torch.cat cache: other strides) and another batch of the same bucket take the same slot."""
+    from attntune.kernels import triton_decode_variant as tdv
+    from attntune.kernels.triton_decode.launch import DecodeLaunch
+
+    _decode_family_env(monkeypatch)
+    prepared, relengths = [], []
+    real_prepare, real_with_length = tdv.prepare_decode, DecodeLaunch.with_length
+    monkeypatch.setattr(tdv, "prepare_decode", lambda *a, **kw: prepared.append(a[1].shape[2]) or real_prepare(*a, **kw))
+    monkeypatch.setattr(DecodeLaunch, "with_length", lambda self, s: relengths.append(s) or real_with_length(self, s))
+    q, kbuf, vbuf = rand_qkv(2, 4, 2, 1, 400, 16)
+    lengths = list(range(321, 336))  # one tile count, one split plan, none divisible by 16 (Triton's class)
+    for n in lengths:
+        out = attntune.attention(q, kbuf[:, :, :n], vbuf[:, :, :n], causal=True)
+        torch.testing.assert_close(out, _gqa_ref(q, kbuf[:, :, :n], vbuf[:, :, :n]), atol=3e-5, rtol=1e-5)
+    assert prepared == [321] and relengths == lengths[1:]
+    k2, v2 = kbuf[:, :, :350].clone(), vbuf[:, :, :350].clone()  # contiguous: other strides
+    torch.testing.assert_close(attntune.attention(q, k2, v2, causal=True), _gqa_ref(q, k2, v2), atol=3e-5, rtol=1e-5)
+    q3, k3, v3 = rand_qkv(17, 4, 2, 1, 340, 16, seed=5)  # batches 17..24 share a bucket
+    q4 = torch.cat([q3, q3[:1]])
+    k4, v4 = torch.cat([k3, k3[:1]]), torch.cat([v3, v3[:1]])
+    for qq, kk, vv in ((q3, k3, v3), (q4, k4, v4)):
+        torch.testing.assert_close(attntune.attention(qq, kk, vv, causal=True), _gqa_ref(qq, kk, vv),
+                                   atol=3e-5, rtol=1e-5)
+    slots = {id(s): s for s in runtime.SLOTS.values()}
+    assert len(runtime.SLOTS) == len(lengths) + 3 and len(slots) == 2  # B=2 and B=17..24: two families
+    plans = attntune.stats()["plans"]
+    assert sorted(p["calls"] for p in plans) == [2, len(lengths) + 1]
+    assert all(p["family"] and p["variant"] == "triton_decode" for p in plans)
+
+
+def test_decode_family_slot_failure_falls_back_for_the_exact_shape(monkeypatch):
+    """A failure inside a family-generic slot quarantines the variant and serves *this* call's shape (not
+    the family's first shape) from the safe fallback; later lengths of the family are re-resolved."""
+    from attntune.kernels import triton_decode_variant as tdv
+
+    _decode_family_env(monkeypatch)
+    q, kbuf, vbuf = rand_qkv(2, 4, 2, 1, 400, 16)
+    attntune.attention(q, kbuf[:, :, :321], vbuf[:, :, :321], causal=True)
+    real = tdv.BoundDecode.__call__
+
+    def flaky(self, q, k, v, *a, **kw):
+        if k.shape[2] == 330:
+            raise RuntimeError("injected launch failure")
+        return real(self, q, k, v, *a, **kw)
+
+    monkeypatch.setattr(tdv.BoundDecode, "__call__", flaky)
+    with pytest.warns(RuntimeWarning, match="quarantined"):
+        out = attntune.attention(q, kbuf[:, :, :330], vbuf[:, :, :330], causal=True)
+    torch.testing.assert_close(out, _gqa_ref(q, kbuf[:, :, :330], vbuf[:, :, :330]), atol=3e-5, rtol=1e-5)
+    for n in (321, 331):  # the family's old signature and a new one: the fallback, correct
+        out = attntune.attention(q, kbuf[:, :, :n], vbuf[:, :, :n], causal=True)
+        torch.testing.assert_close(out, _gqa_ref(q, kbuf[:, :, :n], vbuf[:, :, :n]), atol=3e-5, rtol=1e-5)
+    s = attntune.stats()
+    assert [x["variant"] for x in s["quarantined"]] == ["triton_decode"]
+    assert {p["problem"].split(" S1x")[1].split(" ")[0] for p in s["plans"] if p["source"] == "fallback"} \
+        == {"330", "321", "331"}
+
+
+def test_decode_family_slot_keeps_the_length_limit(monkeypatch):
+    """ATTNTUNE_MAX_SEQLEN still applies to each exact length a family-generic slot would take."""
+    _decode_family_env(monkeypatch)
+    monkeypatch.setenv("ATTNTUNE_MAX_SEQLEN", "340")
+    attntune.reset()
+    q, kbuf, vbuf = rand_qkv(2, 4, 2, 1, 400, 16)
+    for n in (321, 339, 345):  # one bucket (384); 345 is over the limit
+        out = attntune.attention(q, kbuf[:, :, :n], vbuf[:, :, :n], causal=True)
+        torch.testing.assert_close(out, _gqa_ref(q, kbuf[:, :, :n], vbuf[:, :, :n]), atol=3e-5, rtol=1e-5)
+    by_source = {p["source"]: p for p in attntune.stats()["plans"]}
+    assert by_source["fallback"]["problem"].startswith("B2 H4/2 S1x345") and by_source["fallback"]["calls"] == 1
+    assert sum(p["calls"] for p in attntune.stats()["plans"] if p["variant"] == "triton_decode") == 2

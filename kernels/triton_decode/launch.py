@@ -17,7 +17,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import torch
 
 from attntune.kernels.triton_decode.jit import decode_reduce_kernel, decode_split_kernel
-from attntune.kernels.triton_launch import FastKernel
+from attntune.kernels.triton_launch import FastKernel, int_class
 from attntune.problem import canonical_mask, validate_window
 
 LOG2E = 1.4426950408889634
@@ -312,6 +312,8 @@ _WORKSPACE: Dict[Tuple[int, int], torch.Tensor] = {}
 _DEFAULT_STREAMS = (0, 2)
 WORKSPACE_CACHE_BYTES = 64 << 20
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+#: where the split kernel's argument tail holds S_max: after the 16 strides of q, k, v, out and Hkv, group, Sq
+_TAIL_S_MAX = 19
 
 
 def _workspace(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
@@ -349,6 +351,9 @@ class DecodeLaunch(NamedTuple):
     rkey: Optional[tuple]
     rtail: tuple        # the reduction's arguments after (ws, out)
     reduce_warps: int
+    out_shape: Tuple[int, int, int, int]  # [B, Hq, Sq, Dv]
+    plan: LaunchPlan
+    plan_args: tuple    # plan_launch's arguments but S_max, in its order (B, Hq, Sq, D, Hkv, Dv, ..., window)
 
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                kv_lens: Optional[torch.Tensor], out: torch.Tensor, dev_idx: int) -> torch.Tensor:
@@ -361,6 +366,19 @@ class DecodeLaunch(NamedTuple):
             _REDUCE(self.rkey, self.rgrid, (ws, out) + self.rtail, self.reduce_warps, None, dev_idx)
         return out
 
+    def with_length(self, s_max: int) -> Optional["DecodeLaunch"]:
+        """This launch for KV tensors of another length ``s_max`` and the same strides (views into one
+        longer cache: a serving loop's step), or None where the length changes more than the length
+        argument — the plan (splits, stages, mask bounds: :func:`plan_launch`) or Triton's specialization
+        of it (:func:`~attntune.kernels.triton_launch.int_class`). Equal to :func:`prepare_decode`'s
+        launch for those tensors, at a fraction of its host time (a new length is part of every step)."""
+        a = self.plan_args
+        p = plan_launch(a[0], a[1], a[2], a[3], a[4], s_max, a[5], a[6], a[7], a[8], a[9], a[10], a[11])
+        t = self.tail
+        if (p is not self.plan and p != self.plan) or int_class(s_max) != int_class(t[_TAIL_S_MAX]):
+            return None
+        return self._replace(tail=t[:_TAIL_S_MAX] + (s_max,) + t[_TAIL_S_MAX + 1:])
+
 
 def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    kv_lens: Optional[torch.Tensor], out: torch.Tensor, causal: bool, scale: float,
@@ -372,6 +390,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     B, Hq, Sq, D = q.shape
     Hkv, S_max, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     sms, smem = device_info(q.device)
+    plan_args = (B, Hq, Sq, D, Hkv, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     split = p.splits > 1
     rows = B * Hq * Sq
@@ -387,7 +406,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
            dot_precision, D, Dv, q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0,
            v_cache.data_ptr() % 16 == 0, True if split else out.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            _stride_classes(*qs, *ks, *vs, *os_, S_max, lse_off))
-    tail = (*qs, *ks, *vs, *os_,
+    tail = (*qs, *ks, *vs, *os_,  # S_max at _TAIL_S_MAX (DecodeLaunch.with_length replaces it)
             Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, lse_off, p.win_left, p.win_right, scale * LOG2E,
             kv_lens is not None, split, p.has_left, p.has_right,  # HAS_LENS, SPLIT, HAS_LEFT, HAS_RIGHT
             p.block_m, cfg.BLOCK_N, p.block_d, p.block_dv, p.even_d, dot_precision)
@@ -397,7 +416,8 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                 _stride_classes(*os_, lse_off))
         rtail = (*os_, Hq, Sq, Dv, p.splits, lse_off, p.block_s, p.block_dv)
     return DecodeLaunch(p.grid, split, rows * p.splits * (Dv + 1) if split else 0, key, tail, p.num_warps,
-                        p.num_stages, (rows, 1, 1), rkey, rtail or (), p.reduce_warps)
+                        p.num_stages, (rows, 1, 1), rkey, rtail or (), p.reduce_warps, (B, Hq, Sq, Dv), p,
+                        plan_args)
 
 
 def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
