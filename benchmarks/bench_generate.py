@@ -283,6 +283,21 @@ def _ratio(per, key):
     return None
 
 
+def _spread_fields(per) -> dict:
+    """How far apart repeated runs are, next to the median ratio (the host of a lent GPU is noisy: whole
+    runs of one implementation differ by 10-30 % there). ``pair_ratios``: SDPA's run over attntune's within
+    each repeat (the two ran back to back, order alternating); ``ratio_best``: SDPA's fastest run over
+    attntune's fastest (the run least disturbed by the host); ``same_impl_spread``: slowest over fastest
+    run of each implementation, minus one — a ratio between implementations closer to 1 than this is
+    within the noise of one of them."""
+    s, a = (per.get(i, {}).get("runs_s") or [] for i in ("sdpa", "attntune"))
+    out = {"pair_ratios": [x / y for x, y in zip(s, a)] if s and a else None,
+           "ratio_best": min(s) / min(a) if s and a else None,
+           "same_impl_spread": {i: max(r["runs_s"]) / min(r["runs_s"]) - 1 for i, r in per.items()
+                                if len(r.get("runs_s") or []) >= 2}}
+    return out
+
+
 # ---- resident protocol ----------------------------------------------------------------------------------
 def run_case(models, kind, cache, batch, prompt, args, device, vocab, compile_ok=False):
     impls = list(models)
@@ -339,7 +354,7 @@ def run_case(models, kind, cache, batch, prompt, args, device, vocab, compile_ok
            "compiled": compile_ok, "impls": per, "ratio": _ratio(per, "tok_s"),
            # SDPA's median decode step over attntune's (> 1: attntune's steps are shorter)
            "step_ratio": su["sdpa"] / su["attntune"] if su.get("sdpa") and su.get("attntune") else None,
-           "decode_ratio": _ratio(per, "decode_tok_s"), "tokens_equal_frac": frac,
+           "decode_ratio": _ratio(per, "decode_tok_s"), **_spread_fields(per), "tokens_equal_frac": frac,
            "first_divergence": first, "attntune_calls": _att_delta(before, _att_counts())}
     if device.type == "cuda":
         rec["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -653,6 +668,11 @@ def summarize(doc) -> dict:
         "decode_geomean_vs_sdpa": _geomean([c.get("decode_ratio") for c in cases]),
         "step_geomean_vs_sdpa": _geomean([c.get("step_ratio") for c in cases]),
         "step_min_vs_sdpa": min([c["step_ratio"] for c in cases if c.get("step_ratio")], default=None),
+        # fastest run over fastest run per case (see _spread_fields), and the noise to read them against
+        "best_geomean_vs_sdpa": _geomean([c.get("ratio_best") for c in cases]),
+        "best_min_vs_sdpa": min([c["ratio_best"] for c in cases if c.get("ratio_best")], default=None),
+        "pair_ratio_min": min([x for c in cases for x in (c.get("pair_ratios") or [])], default=None),
+        "same_impl_spread_median": _median([x for c in cases for x in (c.get("same_impl_spread") or {}).values()]),
         # the first timed generate of each case: SDPA meets most KV lengths for the first time there (the
         # warm-up generates only a few tokens), as a serving process meets them with every new prompt length
         "first_run_geomean_vs_sdpa": _geomean([_first_ratio(c) for c in cases]),
@@ -774,7 +794,7 @@ def _print_table(doc):
                                    for k, v in doc["summary"].items()}))
     _log("")
     _log(f"{'model':8s} {'cache':8s} {'B':>3s} {'P':>5s} {'sdpa tok/s':>11s} {'attntune tok/s':>15s} {'ratio':>7s} "
-         f"{'steps':>7s}")
+         f"{'steps':>7s} {'best':>7s} {'noise s/a':>11s}")
     for c in doc["cases"]:
         if c.get("compiled"):
             continue
@@ -785,7 +805,9 @@ def _print_table(doc):
 
         _log(f"{c['model']:8s} {c['cache']:8s} {c['batch']:3d} {c['prompt']:5d} {f(s):>11s} {f(a):>15s} "
              f"{(format(c['ratio'], '.3f') if c.get('ratio') else '-'):>7s} "
-             f"{(format(c['step_ratio'], '.3f') if c.get('step_ratio') else '-'):>7s}")
+             f"{(format(c['step_ratio'], '.3f') if c.get('step_ratio') else '-'):>7s} "
+             f"{(format(c['ratio_best'], '.3f') if c.get('ratio_best') else '-'):>7s} "
+             + "/".join(f"{(c.get('same_impl_spread') or {}).get(i, 0) * 100:.0f}%" for i in ("sdpa", "attntune")))
 
 
 def main(argv=None):

@@ -86,7 +86,8 @@ def test_bench_generate_smoke(tmp_path):
         assert key in s, key
     for key in ("geomean_vs_sdpa", "min_vs_sdpa", "static_vs_sdpa", "serving_loop_causal_vs_sdpa",
                 "serving_loop_noncausal_vs_sdpa", "new_length_extra_us", "fresh_vs_sdpa",
-                "step_geomean_vs_sdpa", "step_min_vs_sdpa", "first_run_geomean_vs_sdpa"):
+                "step_geomean_vs_sdpa", "step_min_vs_sdpa", "first_run_geomean_vs_sdpa",
+                "best_geomean_vs_sdpa", "best_min_vs_sdpa", "pair_ratio_min"):
         assert _finite(s[key]), (key, s[key])
     assert s["swa_prompt4096_vs_sdpa"] is None  # no 4096-token prompts in the smoke run
     assert s["serving_loop_graph_vs_sdpa"] is None
@@ -94,3 +95,17 @@ def test_bench_generate_smoke(tmp_path):
 
     lines = p.stdout.strip().splitlines()
     assert any(ln.split()[:3] == ["model", "cache", "B"] for ln in lines[-8:]), p.stdout[-2000:]
+
+
+def test_spread_fields_pair_best_and_noise():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_generate import _spread_fields
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    per = {"sdpa": {"runs_s": [1.0, 1.3, 1.1]}, "attntune": {"runs_s": [0.8, 1.0, 1.2]}}
+    f = _spread_fields(per)
+    assert [round(x, 6) for x in f["pair_ratios"]] == [1.25, 1.3, round(1.1 / 1.2, 6)]
+    assert f["ratio_best"] == 1.0 / 0.8
+    assert {k: round(v, 6) for k, v in f["same_impl_spread"].items()} == {"sdpa": 0.3, "attntune": 0.5}
+    assert _spread_fields({"sdpa": {"runs_s": [1.0]}})["ratio_best"] is None
