@@ -212,6 +212,35 @@ class StepClock:
         return _median(gaps) if len(gaps) >= 2 else None
 
 
+class GcMeter:
+    """Python's garbage collections during a block: count and seconds per generation (a full collection
+    walks every live object; a process that grew many objects pays it inside its timed runs)."""
+
+    def __init__(self):
+        self.t0 = None
+        self.seconds = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+
+    def _cb(self, phase, info):
+        if phase == "start":
+            self.t0 = time.perf_counter()
+        elif self.t0 is not None:
+            g = info.get("generation", 0)
+            self.seconds[g] += time.perf_counter() - self.t0
+            self.count[g] += 1
+
+    def __enter__(self):
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._cb)
+
+    def summary(self):
+        return {"count": list(self.count), "ms": [round(x * 1e3, 3) for x in self.seconds],
+                "live_objects": len(gc.get_objects())}
+
+
 def generate(model, ids, mask, new_tokens, cache, compile_ok=False, clock=None):
     kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0,
           "disable_compile": not compile_ok}
@@ -414,13 +443,32 @@ def child_main(spec: dict) -> None:
         t, out = _timed(lambda: generate(model, ids, mask, spec["warmup_tokens"], cache), device)
         res["warmup_s"] = t
         del out
-        runs, toks = [], None
-        for _ in range(spec["repeats"]):
-            t, out = _timed(lambda: generate(model, ids, mask, n, cache), device)
+        runs, toks, steps, gcs = [], None, [], []
+        prof = None
+        for r in range(spec["repeats"]):
+            clock, gcm = StepClock(), GcMeter()
+            if spec.get("profile_last") and r == spec["repeats"] - 1:  # where the host time of a run goes
+                import cProfile
+
+                prof = cProfile.Profile()
+                prof.enable()
+            with gcm:
+                t, out = _timed(lambda: generate(model, ids, mask, n, cache, clock=clock), device)
+            if prof is not None:
+                prof.disable()
             runs.append(t)
+            steps.append(clock.step_us())
+            gcs.append(gcm.summary())
             toks = out[:, prompt:].cpu()
             del out
-        res["runs_s"] = runs
+        res["runs_s"], res["step_us"], res["gc"] = runs, steps, gcs
+        if prof is not None:
+            import io
+            import pstats
+
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+            res["profile_last_run"] = buf.getvalue()
         _impl_stats(res, batch, n)
         res["tokens"] = toks.tolist()
     except Exception as e:  # noqa: BLE001 — reported to the parent
@@ -440,7 +488,7 @@ def run_fresh(args, cfgs, device, dtype, doc, save, t0):
                     "prompt": args.fresh_prompt, "new_tokens": args.new_tokens, "repeats": args.repeats,
                     "warmup_tokens": args.warmup_tokens, "prefill_tokens": args.fresh_prefill,
                     "device": device.type, "dtype": str(dtype).replace("torch.", ""), "smoke": args.smoke,
-                    "max_pos": cfgs["max_pos"]}
+                    "max_pos": cfgs["max_pos"], "profile_last": args.fresh_profile}
             cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", json.dumps(spec)]
             t1 = time.perf_counter()
             try:
@@ -465,7 +513,7 @@ def run_fresh(args, cfgs, device, dtype, doc, save, t0):
         frac, first = _token_match(tokens.get("attntune"), tokens.get("sdpa"))
         rec = {"model": kind, "cache": args.fresh_cache, "batch": args.fresh_batch, "prompt": args.fresh_prompt,
                "new_tokens": args.new_tokens, "prefill_tokens": args.fresh_prefill, "order": order,
-               "impls": per, "ratio": _ratio(per, "tok_s"), "tokens_equal_frac": frac,
+               "impls": per, "ratio": _ratio(per, "tok_s"), **_spread_fields(per), "tokens_equal_frac": frac,
                "first_divergence": first, "elapsed_s": time.perf_counter() - t_case}
         doc["fresh"].append(rec)
         save()
@@ -739,6 +787,8 @@ def parse_args(argv=None):
     ap.add_argument("--prompts", help="default 512,4096")
     ap.add_argument("--new-tokens", type=int)
     ap.add_argument("--repeats", type=int, help="timed generates per impl and case (default 3)")
+    ap.add_argument("--fresh-profile", action="store_true",
+                    help="cProfile the last timed run of each fresh process (slows that run: for diagnosis)")
     ap.add_argument("--warmup-tokens", type=int, help="new tokens of the warm-up generate (default 8)")
     ap.add_argument("--impls", default="sdpa,attntune")
     ap.add_argument("--protocol", choices=("resident", "fresh", "both"), default="both")
