@@ -9,7 +9,12 @@ whose first, cheap measurement is above ``--prune`` x the best so far is not mea
 tuner's own early stop). (3) The budgeted winner and the reference winner are re-timed side by side,
 interleaved, with the tuner's timer: regret = t(budgeted) / t(reference) - 1 (0 when they are the same
 config). Where the grid was sampled, the regret is against the best *sampled* config: a lower bound of
-the regret against the full grid. Each row says how many configs of how large a grid were measured.
+the regret against the full grid. Every key's reference search gets an equal share of the time left
+(``--time-limit``), so every family is reached within one call; the configs are measured budgeted winner
+and defaults first, then every variant's sample round-robin in random order, so a search that runs out
+of its share has measured an unbiased part of each variant's sample (``reference_unmeasured`` says how
+many were left; its regret is again a lower bound). Each row says how many configs of how large a grid
+were measured.
 
 **Fidelity** (``--fidelity CACHE``): every valid winner row of ``CACHE`` for this device is re-timed in
 this process (a fresh one, unlike the tuner's) on the key's representative problem with the tuner's
@@ -53,6 +58,10 @@ from attntune.kernels import registry  # noqa: E402
 from attntune.problem import AttentionProblem  # noqa: E402
 
 
+#: seconds kept per key for re-timing the two winners side by side after its reference search
+RETIME_RESERVE_S = 3.0
+
+
 def _p(b, hq, hkv, sq, skv, d, dtype="bfloat16", device="cuda", **kw):
     return AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_kv=skv, head_dim=d,
                             head_dim_v=d, dtype=dtype, device_type=device, **kw)
@@ -86,38 +95,49 @@ KEY_SETS: Dict[str, List[Tuple[str, AttentionProblem]]] = {
 
 def reference_configs(problem: AttentionProblem, max_configs: int, keep: List[Tuple[str, dict]],
                       seed: int) -> Tuple[List[Tuple[str, dict]], Dict[str, dict]]:
-    """The reference search's (variant, config) list and, per variant, ``{"grid": n, "measured": m}``.
+    """The reference search's (variant, config) list, in measuring order, and per variant
+    ``{"grid": n, "listed": m}``.
 
     A grid of at most ``max_configs`` valid configs is taken whole; a larger one is sampled (seeded,
     uniform without replacement over the enumerated grid) to ``max_configs``, plus the variant's default
-    and any config of ``keep`` (the budgeted winner)."""
+    and any config of ``keep`` (the budgeted winner). Order: every variant's default and kept configs
+    first, then the variants' sampled configs round-robin in the sample's random order — so a search cut
+    short by its time share has measured the budgeted winner and an unbiased part of every variant's
+    sample, not the whole grid of the first variants only."""
     space = SearchSpace(problem)
     rng = random.Random(seed)
-    out, info = [], {}
+    first, rest, info = [], [], {}
     for cand in space.candidates:
         grid = list(cand.space.grid())
         pick = grid if len(grid) <= max_configs else rng.sample(grid, max_configs)
+        rng.shuffle(pick)
         extra = [cand.space.first()] + [c for n, c in keep if n == cand.name and not cand.space.validate(c)]
         seen, chosen = set(), []
-        for cfg in pick + extra:
+        for cfg in extra + pick:
             cid = config_id(cand.name, cfg)
             if cid not in seen:
                 seen.add(cid)
                 chosen.append((cand.name, cfg))
-        out.extend(chosen)
-        info[cand.name] = {"grid": len(grid), "measured": len(chosen)}
-    return out, info
+        n_first = len({config_id(cand.name, c) for c in extra})
+        first.extend(chosen[:n_first])
+        rest.append(chosen[n_first:])
+        info[cand.name] = {"grid": len(grid), "listed": len(chosen)}
+    order = list(first)
+    for i in range(max((len(r) for r in rest), default=0)):
+        order.extend(r[i] for r in rest if i < len(r))
+    return order, info
 
 
 def reference_search(problem, device, configs, prune: float, deadline: float) -> dict:
-    """Measure ``configs`` (gate, cheap timing, full timing unless pruned); the best one and counts."""
+    """Measure ``configs`` in order (gate, cheap timing, full timing unless pruned) until ``deadline``:
+    the best one, counts, and ``cut_short`` (configs left unmeasured)."""
     inp = gate.prepare(problem, device, seed=7)
     timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
     best_ms, best, n_full, n_pruned, n_failed = math.inf, None, 0, 0, 0
-    for name, cfg in configs:
+    for i, (name, cfg) in enumerate(configs):
         if time.time() > deadline:
             return {"best": best, "best_ms": best_ms, "full": n_full, "pruned": n_pruned, "failed": n_failed,
-                    "cut_short": True}
+                    "cut_short": len(configs) - i}
         try:
             variant = registry.get(name)
             if not gate.check(variant, cfg, inp).ok:
@@ -134,7 +154,7 @@ def reference_search(problem, device, configs, prune: float, deadline: float) ->
         except Exception:  # noqa: BLE001 — a config that does not compile or run is a failed trial
             n_failed += 1
     return {"best": best, "best_ms": best_ms, "full": n_full, "pruned": n_pruned, "failed": n_failed,
-            "cut_short": False}
+            "cut_short": 0}
 
 
 def retime(problem, a, b, device, rounds=5):
@@ -197,6 +217,9 @@ def summarize(rows: List[dict], fid: List[dict]) -> dict:
             "geomean_regret": geo, "max_regret": max(regrets, default=None),
             "same_choice": sum(r.get("same_choice", False) for r in rows),
             "sampled_keys": sum(r.get("sampled", False) for r in rows),
+            # keys whose reference search ran out of its time share: their regret is against the best of
+            # the configs it measured (a lower bound, like a sampled grid's)
+            "cut_short_keys": sum(bool(r.get("reference_unmeasured")) for r in rows if "regret" in r),
             "fidelity_rows": len(errs), "max_fidelity_error": max(errs, default=None),
             "median_fidelity_error": statistics.median(errs) if errs else None}
 
@@ -228,7 +251,8 @@ def main(argv=None):
         save()
     deadline = t_start + args.time_limit
     tmp = Path(tempfile.mkdtemp())
-    for family, p in (fp for ks in args.keys.split(",") if ks for fp in KEY_SETS[ks]):
+    keys = [fp for ks in args.keys.split(",") if ks for fp in KEY_SETS[ks]]
+    for i, (family, p) in enumerate(keys):
         kid = TuneKey.from_problem(p, device_fingerprint(device)).key_id
         row = {"family": family, "key": p.short(), "key_id": kid}
         if time.time() > deadline:
@@ -246,12 +270,16 @@ def main(argv=None):
         b = recs[0]
         configs, info = reference_configs(p, args.max_configs, [(b.variant, b.config)], key_seed(kid, 2))
         t0 = time.time()
-        ref = reference_search(p, device, configs, args.prune, deadline)
+        # every key gets an equal share of the time left (the retime after it takes a few seconds): the
+        # last families are reached instead of the first keys' grids being finished
+        share = max(0.0, deadline - t0 - RETIME_RESERVE_S * (len(keys) - i)) / (len(keys) - i)
+        ref = reference_search(p, device, configs, args.prune, t0 + share)
         row.update(budget_winner=[b.variant, b.config], budget_trials=b.trials, reference=info,
-                   sampled=any(v["measured"] < v["grid"] for v in info.values()), reference_s=time.time() - t0,
-                   reference_full=ref["full"], reference_pruned=ref["pruned"], reference_failed=ref["failed"])
-        if ref["best"] is None or ref["cut_short"]:
-            row["error"] = "reference search cut short by the time limit" if ref["cut_short"] else "no reference"
+                   sampled=any(v["listed"] < v["grid"] for v in info.values()), reference_s=time.time() - t0,
+                   reference_full=ref["full"], reference_pruned=ref["pruned"], reference_failed=ref["failed"],
+                   reference_unmeasured=ref["cut_short"])
+        if ref["best"] is None:
+            row["error"] = "no reference config ran" + (" within the key's time share" if ref["cut_short"] else "")
         elif (b.variant, b.config) == ref["best"]:
             row.update(regret=0.0, same_choice=True, reference_winner=list(ref["best"]), budget_ms=b.median_ms,
                        reference_ms=ref["best_ms"])

@@ -40,8 +40,8 @@ def test_regret_smoke(tmp_path):
         assert r["family"] == "dense_prefill" and r["regret"] >= -1 and _finite(r["regret"])
         assert r["budget_winner"][0] and r["reference_winner"][0]
         # every candidate's grid size and how much of it the reference measured
-        assert r["reference"] and all(v["measured"] >= 1 and v["grid"] >= 1 for v in r["reference"].values())
-        assert r["reference_full"] >= 1
+        assert r["reference"] and all(v["listed"] >= 1 and v["grid"] >= 1 for v in r["reference"].values())
+        assert r["reference_full"] >= 1 and r["reference_unmeasured"] == 0
     (f,) = doc["fidelity"]  # the one key tuned above
     assert f["variant"] and _finite(f["stored_ms"]) and _finite(f["now_ms"]) and _finite(f["error_frac"])
     s = doc["summary"]
@@ -51,3 +51,38 @@ def test_regret_smoke(tmp_path):
     for k in ("geomean_regret", "max_fidelity_error"):
         assert _finite(s[k]) and s[k] >= 0, k
     assert _finite(s["max_regret"]) and s["max_regret"] > -1
+
+
+def _regret_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import regret
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return regret
+
+
+def test_reference_order_puts_the_budget_winner_first_and_interleaves_variants(monkeypatch):
+    """A reference search cut short by its time share must still have measured the budgeted winner and
+    every variant's default, and a random part of every variant's sample (not one variant's whole grid)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # triton_decode is a candidate on the CPU only interpreted
+    regret = _regret_module()
+    p = regret._p(2, 8, 2, 16, 300, 32, dtype="float32", device="cpu", causal=True, window=(64, 0))
+    plain, _ = regret.reference_configs(p, 6, [], seed=3)
+    kept = [c for c in plain if c[0] == "triton_flash"][-1]  # a sampled (not default) config
+    order, info = regret.reference_configs(p, 6, [kept], seed=5)
+    names = list(info)
+    multi = [n for n in names if info[n]["grid"] > 6]
+    assert {"triton_flash", "triton_local", "triton_decode"} <= set(multi)
+    assert all(info[n]["listed"] <= 6 + 2 for n in multi)
+    n_first = len(names) + 1  # every variant's default, plus the kept config (not a default: see below)
+    head = order[:n_first]
+    assert kept in head and {n for n, _ in head} == set(names) and head.count(kept) == 1
+    assert sum(n == "triton_flash" for n, _ in head) == 2
+    sampled = [n for n, _ in order[n_first:]]
+    for r in range(3):  # round-robin: each round takes one config of every multi-config variant
+        assert sorted(sampled[r * len(multi):(r + 1) * len(multi)]) == sorted(multi)
+    import time
+
+    ref = regret.reference_search(p, regret.default_device(), order, 1.5, deadline=time.time() - 1)
+    assert ref["best"] is None and ref["cut_short"] == len(order)
