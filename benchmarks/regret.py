@@ -18,7 +18,9 @@ were measured.
 
 **Fidelity** (``--fidelity CACHE``): every valid winner row of ``CACHE`` for this device is re-timed in
 this process (a fresh one, unlike the tuner's) on the key's representative problem with the tuner's
-timer: error = t(now) / t(stored) - 1.
+timer: error = t(now) / t(stored) - 1; and, timed beside it round by round, the SDPA-default baseline the
+row was compared with: relative error = the winner's ratio to the baseline now over the stored one, - 1
+(a drift of the whole device moves both times and leaves the ratio).
 
 Usage (H200, one call of at most 9 minutes)::
 
@@ -49,7 +51,7 @@ from env import environment  # noqa: E402
 from attntune.autotune import gate  # noqa: E402
 from attntune.autotune.runner import tune  # noqa: E402
 from attntune.autotune.space import SearchSpace, config_id  # noqa: E402
-from attntune.autotune.sweep import key_seed  # noqa: E402
+from attntune.autotune.sweep import BASELINE, baseline_config, key_seed  # noqa: E402
 from attntune.autotune.timing import Timer, TimingOptions, graph_timed, make_call  # noqa: E402
 from attntune.cache.layered import LayeredCache, open_store  # noqa: E402
 from attntune.device import default_device, device_fingerprint  # noqa: E402
@@ -174,7 +176,11 @@ def retime(problem, a, b, device, rounds=5):
 
 
 def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]:
-    """Re-time every valid winner row of ``cache`` for ``device`` (see the module docstring)."""
+    """Re-time every valid winner row of ``cache`` for ``device`` (see the module docstring), and beside
+    it, interleaved round by round on the same inputs, the SDPA-default baseline the row was compared
+    with when it was stored (``sdpa_default_ms``): ``relative_error`` = (winner / baseline now) /
+    (winner / baseline stored) - 1 tells a drift of the whole device (clocks, temperature: both move, the
+    ratio holds) from one of the winner's own (the ratio moves)."""
     fp = device_fingerprint(device)
     store = open_store(cache, readonly=True, label="fidelity")
     if store is None:
@@ -185,7 +191,7 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]
         if rec.key.device != fp:
             continue
         row = {"key": rec.key.short(), "key_id": rec.key_id, "variant": rec.variant, "config": rec.config,
-               "stored_ms": rec.median_ms, "stored_spread": rec.spread}
+               "stored_ms": rec.median_ms, "stored_spread": rec.spread, "baseline_stored_ms": rec.sdpa_default_ms}
         if time.time() > deadline:
             row["error"] = "time limit"
             rows.append(row)
@@ -193,15 +199,25 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]
         try:
             problem = rec.key.representative()
             inp = gate.prepare(problem, device, key_seed(rec.key_id, 0))
-            variant = registry.get(rec.variant)
-            fn, grads = make_call(variant, rec.config, inp, grads=problem.mode == "fwd_bwd")
+            calls = [make_call(registry.get(rec.variant), rec.config, inp, grads=problem.mode == "fwd_bwd")]
+            # (a baseline winner would be timed against itself: no second call)
+            base_cfg = baseline_config(problem, inp) if rec.sdpa_default_ms and rec.variant != BASELINE else None
+            if base_cfg is not None:
+                calls.append(make_call(registry.get(BASELINE), base_cfg, inp, grads=problem.mode == "fwd_bwd"))
             timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
-            timer.cheap(fn, grads)  # warm-up (compiles)
-            ts = [timer.full(fn, grads) for _ in range(rounds)]
+            for fn, grads in calls:
+                timer.cheap(fn, grads)  # warm-up (compiles)
+            ts = [[] for _ in calls]
+            for _ in range(rounds):
+                for j, (fn, grads) in enumerate(calls):
+                    ts[j].append(timer.full(fn, grads))
             # the estimator the tuner stores (autotune.confirm): the median of rounds on a GPU, their
             # minimum on a CPU (robust to preemption)
-            ms = min(ts) if device.type == "cpu" else statistics.median(ts)
-            row.update(now_ms=ms, error_frac=ms / rec.median_ms - 1)
+            est = [min(t) if device.type == "cpu" else statistics.median(t) for t in ts]
+            row.update(now_ms=est[0], error_frac=est[0] / rec.median_ms - 1)
+            if len(est) == 2:
+                row.update(baseline_now_ms=est[1],
+                           relative_error=(est[0] / est[1]) / (rec.median_ms / rec.sdpa_default_ms) - 1)
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"
         rows.append(row)
@@ -213,6 +229,7 @@ def summarize(rows: List[dict], fid: List[dict]) -> dict:
     regrets = [r["regret"] for r in rows if "regret" in r]
     geo = math.exp(sum(math.log(1 + max(x, 0.0)) for x in regrets) / len(regrets)) - 1 if regrets else None
     errs = [abs(r["error_frac"]) for r in fid if "error_frac" in r]
+    rel = [abs(r["relative_error"]) for r in fid if "relative_error" in r]
     return {"keys": len(regrets), "families": sorted({r["family"] for r in rows if "regret" in r}),
             "geomean_regret": geo, "max_regret": max(regrets, default=None),
             "same_choice": sum(r.get("same_choice", False) for r in rows),
@@ -221,7 +238,10 @@ def summarize(rows: List[dict], fid: List[dict]) -> dict:
             # the configs it measured (a lower bound, like a sampled grid's)
             "cut_short_keys": sum(bool(r.get("reference_unmeasured")) for r in rows if "regret" in r),
             "fidelity_rows": len(errs), "max_fidelity_error": max(errs, default=None),
-            "median_fidelity_error": statistics.median(errs) if errs else None}
+            "median_fidelity_error": statistics.median(errs) if errs else None,
+            # against the baseline re-timed beside each row (see fidelity())
+            "max_relative_fidelity_error": max(rel, default=None),
+            "median_relative_fidelity_error": statistics.median(rel) if rel else None}
 
 
 def main(argv=None):
@@ -233,7 +253,7 @@ def main(argv=None):
     ap.add_argument("--prune", type=float, default=1.5, help="skip full timing above this x the best so far")
     ap.add_argument("--time-limit", type=float, default=480.0, help="wall seconds for everything")
     ap.add_argument("--fidelity", metavar="CACHE", help="re-time the valid rows of this cache (first)")
-    ap.add_argument("--fidelity-share", type=float, default=0.25, help="share of the time limit for fidelity")
+    ap.add_argument("--fidelity-share", type=float, default=0.3, help="share of the time limit for fidelity")
     args = ap.parse_args(argv)
     device = default_device()
     t_start = time.time()

@@ -44,6 +44,9 @@ def test_regret_smoke(tmp_path):
         assert r["reference_full"] >= 1 and r["reference_unmeasured"] == 0
     (f,) = doc["fidelity"]  # the one key tuned above
     assert f["variant"] and _finite(f["stored_ms"]) and _finite(f["now_ms"]) and _finite(f["error_frac"])
+    if f["variant"] != "sdpa_default":  # re-timed beside the baseline it was compared with
+        assert _finite(f["baseline_now_ms"]) and _finite(f["relative_error"])
+        assert _finite(doc["summary"]["max_relative_fidelity_error"])
     s = doc["summary"]
     assert s["keys"] == 2 and s["families"] == ["dense_prefill"] and s["fidelity_rows"] == 1
     # the geomean clips each regret at 0 and fidelity errors are absolute; a max regret may be negative
@@ -86,3 +89,32 @@ def test_reference_order_puts_the_budget_winner_first_and_interleaves_variants(m
 
     ref = regret.reference_search(p, regret.default_device(), order, 1.5, deadline=time.time() - 1)
     assert ref["best"] is None and ref["cut_short"] == len(order)
+
+
+def test_fidelity_retimes_a_row_beside_its_baseline(tmp_path):
+    """A stored winner that is not the baseline is re-timed round by round beside the SDPA-default
+    baseline: its relative error is the winner/baseline ratio now over the stored ratio."""
+    import torch
+
+    from attntune.cache import CacheStore, WinnerRecord, utcnow
+    from attntune.device import device_fingerprint, software_fingerprint
+    from attntune.kernels import registry
+    from attntune.key import TuneKey
+
+    regret = _regret_module()
+    p = regret._p(2, 4, 4, 64, 64, 32, dtype="float32", device="cpu", causal=True)
+    key = TuneKey.from_problem(p, device_fingerprint("cpu"))
+    rec = WinnerRecord(key=key, variant="sdpa_math", config={}, median_ms=0.5, runner_up="sdpa_default",
+                       runner_up_ms=0.25, sdpa_default_ms=0.25,
+                       fingerprint=software_fingerprint(registry.get("sdpa_math").source_hash(), "cpu"),
+                       created_at=utcnow())
+    path = tmp_path / "c.db"
+    st = CacheStore(str(path))
+    assert st.upsert_winner(rec)
+    st.dispose()
+    import time
+
+    (row,) = regret.fidelity(str(path), torch.device("cpu"), time.time() + 120, rounds=2)
+    assert row["variant"] == "sdpa_math" and row["baseline_stored_ms"] == 0.25
+    want = (row["now_ms"] / row["baseline_now_ms"]) / 2.0 - 1
+    assert abs(row["relative_error"] - want) < 1e-9 and row["baseline_now_ms"] > 0
