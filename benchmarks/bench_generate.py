@@ -320,11 +320,10 @@ def _spread_fields(per) -> dict:
     run of each implementation, minus one — a ratio between implementations closer to 1 than this is
     within the noise of one of them."""
     s, a = (per.get(i, {}).get("runs_s") or [] for i in ("sdpa", "attntune"))
-    out = {"pair_ratios": [x / y for x, y in zip(s, a)] if s and a else None,
-           "ratio_best": min(s) / min(a) if s and a else None,
-           "same_impl_spread": {i: max(r["runs_s"]) / min(r["runs_s"]) - 1 for i, r in per.items()
-                                if len(r.get("runs_s") or []) >= 2}}
-    return out
+    return {"pair_ratios": [x / y for x, y in zip(s, a)] if s and a else None,
+            "ratio_best": min(s) / min(a) if s and a else None,
+            "same_impl_spread": {i: max(r["runs_s"]) / min(r["runs_s"]) - 1 for i, r in per.items()
+                                 if len(r.get("runs_s") or []) >= 2}}
 
 
 # ---- resident protocol ----------------------------------------------------------------------------------

@@ -168,11 +168,18 @@ def retime(problem, a, b, device, rounds=5):
         v = registry.get(name)
         assert gate.check(v, cfg, inp).ok
         calls.append(make_call(v, cfg, inp, grads=problem.mode == "fwd_bwd"))
-    ts = ([], [])
+    ta, tb = interleaved(timer, calls, rounds)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def interleaved(timer: Timer, calls, rounds: int) -> List[List[float]]:
+    """Full timings (ms) of each ``(fn, grads)`` of ``calls``, round by round in turn (a drift of the
+    device then reaches them all alike)."""
+    ts: List[List[float]] = [[] for _ in calls]
     for _ in range(rounds):
-        for i, (fn, grads) in enumerate(calls):
-            ts[i].append(timer.full(fn, grads))
-    return statistics.median(ts[0]), statistics.median(ts[1])
+        for j, (fn, grads) in enumerate(calls):
+            ts[j].append(timer.full(fn, grads))
+    return ts
 
 
 def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]:
@@ -207,10 +214,7 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]
             timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
             for fn, grads in calls:
                 timer.cheap(fn, grads)  # warm-up (compiles)
-            ts = [[] for _ in calls]
-            for _ in range(rounds):
-                for j, (fn, grads) in enumerate(calls):
-                    ts[j].append(timer.full(fn, grads))
+            ts = interleaved(timer, calls, rounds)
             # the estimator the tuner stores (autotune.confirm): the median of rounds on a GPU, their
             # minimum on a CPU (robust to preemption)
             est = [min(t) if device.type == "cpu" else statistics.median(t) for t in ts]

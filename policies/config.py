@@ -158,7 +158,11 @@ class RuntimeConfig:
 
     def too_long(self, problem) -> bool:
         """True when ``ATTNTUNE_MAX_SEQLEN`` keeps ``problem`` on the safe fallback."""
-        return self.max_seqlen is not None and max(problem.seqlen_q, problem.seqlen_kv) > self.max_seqlen
+        return self.lengths_too_long(problem.seqlen_q, problem.seqlen_kv)
+
+    def lengths_too_long(self, seqlen_q: int, seqlen_kv: int) -> bool:
+        """:meth:`too_long` from the two lengths (the hot path's family reuse has no problem model)."""
+        return self.max_seqlen is not None and max(seqlen_q, seqlen_kv) > self.max_seqlen
 
     @property
     def policy_label(self) -> str:

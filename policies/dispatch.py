@@ -189,16 +189,20 @@ def _problem(q, k, v, kv_lens, causal, align, window, scale, approx, grad) -> At
                                 scale=None if scale is None else float(scale), validate=False)
 
 
-def _store(sig, plan: Plan, fresh_miss: bool, device) -> Slot:
-    rt = _runtime.get()
+def _put(rt, sig, slot: Slot) -> Slot:
+    """Store ``slot`` under ``sig`` (emptying the table first when it is full, see MAX_SLOTS)."""
     if len(SLOTS) >= _runtime.MAX_SLOTS:
         rt.overflow()
-    slot = Slot(plan, plan.impl.bind(plan.problem, plan.config), plan.problem, plan.config,
-                rt.config.latency_sample, device,
-                miss=plan.key is not None and plan.key.key_id in rt.missed, reported=1 if fresh_miss else 0,
-                generic=plan.source != "fallback" and plan.impl.family_generic(plan.problem, plan.config))
     SLOTS[sig] = slot
     return slot
+
+
+def _store(sig, plan: Plan, fresh_miss: bool, device) -> Slot:
+    rt = _runtime.get()
+    return _put(rt, sig, Slot(
+        plan, plan.impl.bind(plan.problem, plan.config), plan.problem, plan.config, rt.config.latency_sample,
+        device, miss=plan.key is not None and plan.key.key_id in rt.missed, reported=1 if fresh_miss else 0,
+        generic=plan.source != "fallback" and plan.impl.family_generic(plan.problem, plan.config)))
 
 
 def _family_sig(tag, q, k, v, kv_lens, causal, align, window, scale, approx, grad) -> Optional[tuple]:
@@ -239,21 +243,13 @@ def _reuse(sig, fam: Optional[tuple], q, k) -> Optional[Slot]:
     if t is None:
         return None
     rt = _runtime.get()
-    if t.generic:
-        limit = rt.config.max_seqlen
-        if limit is None or max(q.shape[2], k.shape[2]) <= limit:
-            if len(SLOTS) >= _runtime.MAX_SLOTS:
-                rt.overflow()
-            SLOTS[sig] = t
-            return t
+    if t.generic and not rt.config.lengths_too_long(q.shape[2], k.shape[2]):
+        return _put(rt, sig, t)
     problem = t.problem.resized(q.shape[0], q.shape[2], k.shape[2])
     if rt.reuse_reasons(t.plan, problem):
         return None
-    if len(SLOTS) >= _runtime.MAX_SLOTS:
-        rt.overflow()
-    slot = Slot(t.plan, t.plan.impl.bind(problem, t.config), problem, t.config, t.every, t.device, miss=t.miss)
-    SLOTS[sig] = slot
-    return slot
+    return _put(rt, sig, Slot(t.plan, t.plan.impl.bind(problem, t.config), problem, t.config, t.every, t.device,
+                              miss=t.miss))
 
 
 def _remember(fam: Optional[tuple], slot: Slot) -> None:
