@@ -373,6 +373,26 @@ def test_window_more_splits_than_window_tiles():
         torch.testing.assert_close(o, outs[0], atol=2e-6, rtol=2e-6)
 
 
+@pytest.mark.parametrize("splits, sq, hq, window", [(2, 1, 8, None), (3, 4, 8, (40, 0)), (7, 1, 4, None),
+                                                    (64, 3, 2, (100, -1))])
+def test_fused_reduction_equals_the_two_kernel_path(monkeypatch, splits, sq, hq, window):
+    """The split kernel's last program combines the splits (FUSED_REDUCE): the same outputs as the
+    separate reduction kernel (empty sequences, empty splits, windows, GQA row blocks), and every arrival
+    counter is back at 0 after the launch (a kept buffer or a CUDA graph's serves the next launch)."""
+    q, k, v = rand_qkv(3, hq, 2, sq, 300, 64, dtype=torch.float32, device=DEV, seed=31)
+    lens = lens_with_edges(3, 300, seed=3).to(DEV)
+    cfg = {"BLOCK_N": 16, "num_splits": splits}
+    sems = []
+    real = launch._semaphores
+    monkeypatch.setattr(launch, "_semaphores", lambda *a: sems.append(real(*a)) or sems[-1])
+    fused = check(q, k, v, lens, True, cfg, window=window)
+    assert len(sems) == 1 and sems[0].numel() >= 3 * 2 and (sems[0] == 0).all()
+    monkeypatch.setattr(launch, "FUSED_REDUCE", False)
+    two = check(q, k, v, lens, True, cfg, window=window)
+    assert len(sems) == 1  # the two-kernel path takes no counters
+    torch.testing.assert_close(fused, two, atol=2e-6, rtol=2e-6)
+
+
 def test_window_equivalent_masks_are_bitwise_equal():
     # Masks that admit the same keys run the same compiled kernel on the same key range.
     q, k, v = rand_qkv(2, 4, 2, 3, 50, 64, dtype=torch.float32, device=DEV, seed=13)
@@ -660,3 +680,31 @@ def test_gpu_decode_family_slot_over_lengths_strides_and_batches():
     generic = {id(s) for s in runtime.SLOTS.values() if s.generic}
     assert len(generic) >= 2 and len(runtime.SLOTS) >= len(lengths)
     attntune.reset()
+
+
+@pytest.mark.gpu
+def test_gpu_fused_reduction_is_deterministic_and_race_free():
+    """The fused split-K reduction (last arrival combines) against the two-kernel path and the reference,
+    repeated: a missing fence or a stale L1 line would show as a result that changes between identical
+    launches; the kept counters must stay 0 across hundreds of launches (and a CUDA graph's replays)."""
+    q, k, v = rand_qkv(4, 32, 8, 1, 32768, 128, dtype=torch.bfloat16, device="cuda", seed=41)
+    lens = torch.tensor([32768, 17, 20000, 1], dtype=torch.int32, device="cuda")
+    cfg = {"BLOCK_N": 64, "num_splits": 64}
+    first = check(q, k, v, lens, False, cfg)
+    for i in range(300):
+        out = decode_attention(q, k, v, kv_lens=lens, config=cfg)
+        assert torch.equal(out, first), f"launch {i} differs"
+    assert all((s == 0).all() for s in launch._SEMAPHORES.values())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gout = decode_attention(q, k, v, kv_lens=lens, config=cfg)
+    for _ in range(50):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(gout, first)
+    launch.FUSED_REDUCE = False
+    try:
+        two = decode_attention(q, k, v, kv_lens=lens, config=cfg)
+    finally:
+        launch.FUSED_REDUCE = True
+    torch.testing.assert_close(two, first, atol=1e-2, rtol=1e-2)

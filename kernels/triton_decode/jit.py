@@ -13,6 +13,12 @@ Two kernels:
 * :func:`decode_reduce_kernel` — one program per output row ``(b, h, i)``; combines the splits'
   partial outputs weighted by ``exp(lse_s - max_s lse_s)``.
 
+With ``FUSED`` (and ``SPLIT``) no second kernel runs: each split program, after writing its partials,
+counts its arrival on a per-(b, hkv, row block) counter in ``SEM``; the last split to arrive combines all
+splits' partials for its rows (the same weights, in an online loop over splits) and resets the counter
+to 0 for the next launch. An eager decode call is host-bound, and the reduction's launch is a third of
+its host time.
+
 Log-sum-exps are kept in base 2 (scores are multiplied by ``scale * log2(e)`` and exponentiated with
 ``exp2``, which is one MUFU instruction); they never leave the op.
 
@@ -50,6 +56,7 @@ import triton.language as tl
                                "WIN_RIGHT"])
 def decode_split_kernel(
     Q, K, V, KV_LENS, WS, OUT,
+    SEM,  # int32 arrival counters [B*HKV*row blocks], all 0 between launches (read only when FUSED)
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
@@ -58,7 +65,7 @@ def decode_split_kernel(
     LSE_OFF,  # LSE partials start this many floats into WS (after the O partials)
     WIN_LEFT, WIN_RIGHT,  # window reach in keys left/right of each row's diagonal key (read when bounded)
     qk_scale,  # softmax scale * log2(e)
-    HAS_LENS: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_LENS: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,  # window side bounded (causal is HAS_RIGHT, WIN_RIGHT 0)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr,  # D == BLOCK_D and DV == BLOCK_DV: no head-dim masks (unmasked vector loads)
@@ -170,6 +177,36 @@ def decode_split_kernel(
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(WS + LSE_OFF + prow, lse, mask=row_ok)
         tl.store(WS + prow[:, None] * DV + offs_dv[None, :], o, mask=row_ok[:, None] & dv_ok[None, :])
+        if FUSED:
+            # Every thread's partial stores are issued before the arrival counts (barrier); the arrival
+            # releases them and the last one acquires everybody's (acq_rel, GPU scope). The last program
+            # reads them from L2 (.cg: this SM's L1 may still hold the same workspace lines from an
+            # earlier call) and resets the counter (a CUDA graph replays the launch with it).
+            tl.debug_barrier()
+            sem_ptr = SEM + pid_bh * tl.num_programs(2) + pid_m
+            arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
+            if arrived == NUM_SPLITS - 1:
+                tl.atomic_xchg(sem_ptr, 0, sem="relaxed", scope="gpu")
+                rbase = (pid_bh.to(tl.int64) * n_rows + rows) * NUM_SPLITS
+                m_run = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+                l_run = tl.zeros([BLOCK_M], dtype=tl.float32)
+                acc_r = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+                for sp in range(0, NUM_SPLITS):
+                    lse_s = tl.load(WS + LSE_OFF + rbase + sp, mask=row_ok, other=float("-inf"),
+                                    cache_modifier=".cg")
+                    o_s = tl.load(WS + (rbase + sp)[:, None] * DV + offs_dv[None, :],
+                                  mask=row_ok[:, None] & dv_ok[None, :], other=0.0, cache_modifier=".cg")
+                    m_new = tl.maximum(m_run, lse_s)
+                    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split with keys yet: no NaN
+                    w_old = tl.exp2(m_run - m_ref)
+                    w_s = tl.exp2(lse_s - m_ref)  # an empty split (lse -inf) weighs exactly 0
+                    l_run = l_run * w_old + w_s
+                    acc_r = acc_r * w_old[:, None] + o_s * w_s[:, None]
+                    m_run = m_new
+                o = acc_r / tl.where(l_run > 0.0, l_run, 1.0)[:, None]
+                o_ptrs = (OUT + b64 * stride_ob + head64[:, None] * stride_oh + qpos[:, None] * stride_os
+                          + offs_dv[None, :] * stride_od)
+                tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
     else:
         o_ptrs = (OUT + b64 * stride_ob + head64[:, None] * stride_oh + qpos[:, None] * stride_os
                   + offs_dv[None, :] * stride_od)

@@ -316,16 +316,36 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _TAIL_S_MAX = 19
 
 
-def _workspace(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
+def _kept(cache: Dict[Tuple[int, int], torch.Tensor], n: int, device: torch.device, dev_idx: int,
+          make) -> torch.Tensor:
+    """A buffer of at least ``n`` elements from ``make(n)``: kept in ``cache`` per (device, thread) for
+    eager calls on the device's default stream, fresh otherwise (see :data:`_WORKSPACE`)."""
     if dev_idx < 0 or _raw_stream is None or n * 4 > WORKSPACE_CACHE_BYTES \
             or _raw_stream(dev_idx) not in _DEFAULT_STREAMS or torch.cuda.is_current_stream_capturing():
-        return torch.empty(n, device=device, dtype=torch.float32)
+        return make(n)
     key = (dev_idx, threading.get_ident())
-    ws = _WORKSPACE.get(key)
-    if ws is None or ws.numel() < n:
-        ws = torch.empty(n, device=device, dtype=torch.float32)
-        _WORKSPACE[key] = ws
-    return ws
+    buf = cache.get(key)
+    if buf is None or buf.numel() < n:
+        buf = make(n)
+        cache[key] = buf
+    return buf
+
+
+def _workspace(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
+    return _kept(_WORKSPACE, n, device, dev_idx, lambda m: torch.empty(m, device=device, dtype=torch.float32))
+
+
+#: the fused reduction's arrival counters, kept like the partials (:data:`_WORKSPACE`). They are zero
+#: when allocated and every launch leaves them zero (the last arrival resets its counter), so one buffer
+#: serves every later call on the stream; a fresh one (a CUDA graph's, another stream's) is zeroed.
+_SEMAPHORES: Dict[Tuple[int, int], torch.Tensor] = {}
+#: split-K combines its splits in the split kernel's last program (one launch) instead of a second
+#: kernel; False keeps the two-kernel path (a switch for tests and for comparing both on a device)
+FUSED_REDUCE = True
+
+
+def _semaphores(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
+    return _kept(_SEMAPHORES, n, device, dev_idx, lambda m: torch.zeros(m, device=device, dtype=torch.int32))
 
 
 def _stride_classes(*strides: int) -> tuple:
@@ -342,6 +362,7 @@ class DecodeLaunch(NamedTuple):
 
     grid: Tuple[int, int, int]
     split: bool
+    fused: bool         # split, with the reduction in the split kernel's last program (FUSED_REDUCE)
     ws_numel: int       # float32 partials (O then LSE) when split, else 0
     key: tuple          # the split kernel's FastKernel key (everything Triton specializes on)
     tail: tuple         # its arguments after (q, k, v, kv_lens, ws, out)
@@ -360,9 +381,11 @@ class DecodeLaunch(NamedTuple):
         """Launch into ``out`` (allocated with the layout this launch was prepared for). The partials
         buffer comes from :func:`_workspace` (its alignment is the caching allocator's: 512 bytes)."""
         ws = _workspace(self.ws_numel, q.device, dev_idx) if self.split else out
-        _SPLIT(self.key, self.grid, (q, k_cache, v_cache, kv_lens, ws, out) + self.tail, self.num_warps,
+        # the counters are read only when fused; otherwise any pointer of the key's alignment stands in
+        sem = _semaphores(self.grid[0] * self.grid[2], q.device, dev_idx) if self.fused else ws
+        _SPLIT(self.key, self.grid, (q, k_cache, v_cache, kv_lens, ws, out, sem) + self.tail, self.num_warps,
                self.num_stages, dev_idx)
-        if self.split:
+        if self.split and not self.fused:
             _REDUCE(self.rkey, self.rgrid, (ws, out) + self.rtail, self.reduce_warps, None, dev_idx)
         return out
 
@@ -393,6 +416,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     plan_args = (B, Hq, Sq, D, Hkv, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     split = p.splits > 1
+    fused = split and FUSED_REDUCE
     rows = B * Hq * Sq
     lse_off = rows * p.splits * Dv
     qs, ks, vs, os_ = q.stride(), k_cache.stride(), v_cache.stride(), out.stride()
@@ -401,21 +425,21 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     # grid, the split count and the lengths change with every KV length of a decode loop and must not
     # make a new key (each would take Triton's slow launch path once and grow the cache). The partials
     # buffer is a fresh or cached allocation of the caching allocator: 16-byte aligned.
-    key = (p.num_warps, p.num_stages, split, p.has_left, p.has_right, p.block_m, cfg.BLOCK_N, p.block_d,
+    key = (p.num_warps, p.num_stages, split, fused, p.has_left, p.has_right, p.block_m, cfg.BLOCK_N, p.block_d,
            p.block_dv, p.even_d, q.dtype, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16 == 0),
            dot_precision, D, Dv, q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0,
            v_cache.data_ptr() % 16 == 0, True if split else out.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            _stride_classes(*qs, *ks, *vs, *os_, S_max, lse_off))
     tail = (*qs, *ks, *vs, *os_,  # S_max at _TAIL_S_MAX (DecodeLaunch.with_length replaces it)
             Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, lse_off, p.win_left, p.win_right, scale * LOG2E,
-            kv_lens is not None, split, p.has_left, p.has_right,  # HAS_LENS, SPLIT, HAS_LEFT, HAS_RIGHT
+            kv_lens is not None, split, fused, p.has_left, p.has_right,  # HAS_LENS, SPLIT, FUSED, HAS_LEFT/RIGHT
             p.block_m, cfg.BLOCK_N, p.block_d, p.block_dv, p.even_d, dot_precision)
     rkey = rtail = None
-    if split:
+    if split and not fused:
         rkey = (p.block_s, p.block_dv, p.reduce_warps, out.dtype, Dv, True, out.data_ptr() % 16 == 0,
                 _stride_classes(*os_, lse_off))
         rtail = (*os_, Hq, Sq, Dv, p.splits, lse_off, p.block_s, p.block_dv)
-    return DecodeLaunch(p.grid, split, rows * p.splits * (Dv + 1) if split else 0, key, tail, p.num_warps,
+    return DecodeLaunch(p.grid, split, fused, rows * p.splits * (Dv + 1) if split else 0, key, tail, p.num_warps,
                         p.num_stages, (rows, 1, 1), rkey, rtail or (), p.reduce_warps, (B, Hq, Sq, Dv), p,
                         plan_args)
 
