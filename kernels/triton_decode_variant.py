@@ -221,7 +221,7 @@ class BoundDecode:
         other = (layout[0],) + layout[2:]  # the layout but the KV length
         launch = self.last.get(other)
         if launch is not None:
-            launch = launch.with_length(k.shape[2]) if launch.plan_args[9] is cfg else None
+            launch = launch.with_length(k.shape[2]) if launch.cfg is cfg else None
         if launch is None:
             launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, cfg,
                                     "tf32" if tf32 else "ieee", self.window)
