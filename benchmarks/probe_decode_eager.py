@@ -8,9 +8,9 @@ Three questions behind the eager decode path (results in ``benchmarks/results/pr
    GQA 32/8, D=64, bf16. Each timed call is one Python call; the device is never waited for except every
    ``chunk`` calls (the host runs ahead as in a generate step that is host-bound).
 2. ``eager_loop``: µs per step of a pure-attention decode loop (8 calls a step, the same KV length) with
-   ``triton_decode`` forced to its tuned-style auto splits or to one split, against SDPA default and the
-   flash backend pinned: where the GPU, not the host, is the bottleneck, one split can lose; a pure
-   attention loop is the harshest case for one split (a model adds host work that hides device time).
+   ``triton_decode`` at auto splits — the reduction fused into the split kernel (one launch) or as a second
+   kernel — or one split, with and without ``kv_lens``, against SDPA default, the flash backend pinned and
+   (for ``kv_lens``) SDPA with the equivalent boolean mask; B 1/8/32, KV 1k-16k, D 64/128.
 3. ``new_length``: cProfile of 200 first calls at never-seen KV lengths against 200 repeat calls;
    ``new_length_parts``: the same first call piece by piece, unprofiled.
 
@@ -90,20 +90,33 @@ def hf_call(out: dict, dev: str) -> None:
 
 
 def eager_loop(out: dict, dev: str) -> None:
-    from attntune.kernels.triton_decode.launch import DecodeConfig, launch_decode
+    """µs a step of 8 eager decode calls: ``triton_decode`` launched from prepared launches (as the runtime's
+    bound plan does) with auto splits — fused reduction (one launch) and the two-kernel path — and with one
+    split, against SDPA default and the flash backend pinned; plus each Triton form's device time alone
+    (one CUDA graph of 8 calls)."""
+    from attntune.kernels.triton_decode import launch as L_
+    from attntune.kernels.triton_decode.launch import DecodeConfig, prepare_decode
 
     res = {}
     for D in (64, 128):
-        for B in (1, 2, 8):
-            for L in (1024, 2048, 4096, 8192, 16384):
+        for B in (1, 8, 32):
+            for L in (1024, 4096, 16384):
                 q = torch.randn(B, HQ, 1, D, device=dev, dtype=DT)
                 k = torch.randn(B, HKV, L, D, device=dev, dtype=DT)
                 v = torch.randn_like(k)
                 o = torch.empty_like(q)
                 scale = D ** -0.5
 
-                def tri(cfg):
-                    return lambda: launch_decode(q, k, v, None, o, False, scale, cfg)
+                lens = torch.full((B,), L, device=dev, dtype=torch.int32)
+                mask = torch.ones(B, 1, 1, L, device=dev, dtype=torch.bool)
+
+                def tri(cfg, fused=True, kv_lens=None):
+                    L_.FUSED_REDUCE = fused
+                    try:
+                        lp = prepare_decode(q, k, v, kv_lens, o, False, scale, cfg)
+                    finally:
+                        L_.FUSED_REDUCE = True
+                    return lambda: lp.launch(q, k, v, kv_lens, q.new_empty(lp.out_shape), 0)
 
                 def sd(backend):
                     if backend is None:
@@ -114,13 +127,21 @@ def eager_loop(out: dict, dev: str) -> None:
                             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                     return f
 
-                fns = {"split_auto": tri(DecodeConfig()), "one_split": tri(DecodeConfig(num_splits=1)),
-                       "sdpa_default": sd(None), "sdpa_flash": sd(SDPBackend.FLASH_ATTENTION)}
+                fns = {"split_fused": tri(DecodeConfig()), "split_unfused": tri(DecodeConfig(), fused=False),
+                       "one_split": tri(DecodeConfig(num_splits=1)),
+                       "split_fused_lens": tri(DecodeConfig(), kv_lens=lens),
+                       "sdpa_default": sd(None), "sdpa_flash": sd(SDPBackend.FLASH_ATTENTION),
+                       "sdpa_masked": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                             enable_gqa=True)}
+                ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).float()
+                err = {n: (fns[n]().float() - ref).abs().max().item() for n in ("split_fused", "split_unfused", "split_fused_lens")}
                 # µs a step of 8 calls (40 steps a round), device waited for at the end of each round
                 rounds = _interleaved(fns, warmup=20, rounds=7, calls=320, per=40, sync_after=True)
                 # device time alone: one CUDA graph of 8 calls per impl (the GPU-bound limit)
                 dev_us = {}
-                for n in ("split_auto", "one_split"):
+                for n in ("split_fused", "split_unfused", "one_split", "sdpa_flash"):
+                    fns[n]()
+                    torch.cuda.synchronize()
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g):
                         for _ in range(8):
@@ -134,10 +155,11 @@ def eager_loop(out: dict, dev: str) -> None:
                     dev_us[n] = (time.perf_counter() - t0) / 50 * 1e6
                 kvb = L * 2 * D * 2  # K+V bytes per (b, kv head) program
                 rec = {n: statistics.median(x) for n, x in rounds.items()}
-                rec.update({"graph_" + n: t for n, t in dev_us.items()}, kv_bytes_per_program=kvb)
+                rec.update({"graph_" + n: t for n, t in dev_us.items()}, kv_bytes_per_program=kvb,
+                           max_abs_err_vs_sdpa=err)
                 res[f"D{D}_B{B}_L{L}"] = rec
                 print(f"eager D={D} B={B} L={L} ({kvb >> 10} KiB/prog): " +
-                      "  ".join(f"{n} {t:.0f}" for n, t in rec.items() if n != "kv_bytes_per_program") + " us/step",
+                      "  ".join(f"{n} {t:.0f}" for n, t in rec.items() if isinstance(t, float)) + f" us/step err {err}",
                       flush=True)
     out["eager_loop"] = res
 

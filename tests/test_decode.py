@@ -655,8 +655,8 @@ def test_gpu_decode_under_compiled_cudagraph_trees():
 
 @pytest.mark.gpu
 def test_gpu_decode_family_slot_over_lengths_strides_and_batches():
-    """One family-generic slot serves a decode loop whose lengths cross the eager one-split limit, the
-    split plans and Triton's length class (views: re-lengthed launches), HF-style new contiguous tensors
+    """One family-generic slot serves a decode loop whose lengths cross the split plans and Triton's length
+    class (views: re-lengthed launches), HF-style new contiguous tensors
     (other strides), and two batches of one bucket — every output against the float32 reference."""
     import attntune
     from attntune.policies import runtime
