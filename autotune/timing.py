@@ -1,7 +1,12 @@
 """Timing one (variant, config) on a key's inputs: median milliseconds.
 
-GPU: ``triton.testing.do_bench`` (CUDA events, median, L2 flushed before every rep, gradients reset
-for forward+backward). CPU: ``time.perf_counter`` around each call, a few warm-up calls, median of
+GPU: CUDA events around each call, median, L2 flushed before every rep, gradients reset for
+forward+backward — ``triton.testing.do_bench``'s method, with one change: before each rep the device is
+held back (``torch.cuda._sleep``) for longer than the host takes to enqueue the call, so the events time
+the device's work alone. Without it a call whose host launch outlasts the flush (a Triton launch from a
+slow process, a backward's many launches) is billed for the host's gaps: one chunked-prefill key was
+stored at 75.6 µs and re-timed at 144.4 µs in another process of the same H200 (regret_h200_partial.json).
+CPU: ``time.perf_counter`` around each call, a few warm-up calls, median of
 repeated calls. Both run the call exactly as the runtime does (``variant.run``); the gate has already
 run it once, so compilation (Triton JIT) never lands in a measurement.
 
@@ -36,7 +41,8 @@ L2_FLUSH_BYTES = 256 << 20
 
 @dataclass(frozen=True)
 class TimingOptions:
-    """Budgets of one measurement. GPU values are do_bench's warmup/rep in milliseconds; CPU values are
+    """Budgets of one measurement. GPU values are warm-up and repetition wall times in milliseconds (as
+    do_bench's); CPU values are
     warm-up calls, call counts and a target wall time."""
 
     gpu_warmup_ms: float = 10.0
@@ -64,7 +70,7 @@ class TimingOptions:
 
 
 def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Callable[[], None], list]:
-    """The function to time and the tensors whose ``.grad`` do_bench resets between reps.
+    """The function to time and the tensors whose ``.grad`` the timer resets between reps.
 
     Forward: the variant's bound call (:meth:`~attntune.kernels.base.Variant.bind`: what the runtime
     calls) under no_grad. Forward+backward: run, then ``backward`` with the key's fixed ``dout``
@@ -88,6 +94,30 @@ def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Calla
         variant.run(q, k, v, p, config, kv_lens).backward(dout)
 
     return fwd_bwd, [q, k, v]
+
+
+#: the device hold before each timed call: this many times the call's host enqueue time, plus HOLD_MIN_S
+#: (the host's jitter: an allocation, a GC pause), at most HOLD_MAX_S (a call that synchronises inside has
+#: an enqueue time of its whole run: no hold can cover it, and its events time the device alone anyway)
+HOLD_FACTOR, HOLD_MIN_S, HOLD_MAX_S = 2.0, 50e-6, 5e-3
+_SLEEP_CYCLES_PER_S: dict = {}
+
+
+def hold_cycles(device: torch.device, host_s: float) -> int:
+    """``torch.cuda._sleep`` cycles that keep ``device`` busy for about ``HOLD_FACTOR * host_s +
+    HOLD_MIN_S`` seconds (capped at HOLD_MAX_S). The spin's rate is measured once per device (clock
+    cycles per second; the SM clock varies by GPU and boost state, and an over-long hold only costs time)."""
+    rate = _SLEEP_CYCLES_PER_S.get(device)
+    if rate is None:
+        n = 1 << 20
+        torch.cuda._sleep(n)  # first call: module load
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(n)
+        b.record()
+        b.synchronize()
+        rate = _SLEEP_CYCLES_PER_S.setdefault(device, n / max(a.elapsed_time(b) * 1e-3, 1e-6))
+    return int(rate * min(HOLD_MAX_S, HOLD_FACTOR * host_s + HOLD_MIN_S))
 
 
 GRAPH_FLUSH_BYTES = 64 << 20  # > H200's 60 MB L2; small enough that subtracting it stays precise
@@ -146,13 +176,17 @@ class Timer:
         )
 
     def _gpu(self, fn, grad_to_none, warmup: float, rep: float) -> float:
-        from triton.testing import do_bench  # GPU path only: keep triton out of CPU-only imports
-
+        """do_bench's budget (``warmup`` and ``rep`` in ms of wall time) spent on :meth:`_gpu_events`."""
+        dev = self.device
         # Finish whatever the gate or the previous trial left queued, so it is not billed to this one.
-        torch.cuda.synchronize(self.device)
-        with torch.cuda.device(self.device):
-            ms = do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none or None, return_mode="median")
-        return float(ms)
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        self._gpu_events(fn, grad_to_none, reps=3)
+        per_rep_ms = (time.perf_counter() - t0) * 1e3 / 3  # wall per rep: flush, hold and call included
+        for _ in range(min(1000, int(warmup / max(per_rep_ms, 1e-3)))):
+            fn()
+        reps = max(5, min(1000, int(rep / max(per_rep_ms, 1e-3))))
+        return self._gpu_events(fn, grad_to_none, reps=reps)
 
     def _gpu_graph(self, fn, replays: int) -> float:
         """Median per-call device time (ms) of ``fn`` captured GRAPH_CALLS times in one CUDA graph, each
@@ -199,20 +233,27 @@ class Timer:
         return max(total - base, 1e-6) / GRAPH_CALLS
 
     def _gpu_events(self, fn, grad_to_none, reps: int) -> float:
-        torch.cuda.synchronize(self.device)
-        with torch.cuda.device(self.device):
-            # L2 is flushed before each call (as do_bench does) so the estimate is not optimistic.
-            flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=self.device)
+        """Median device ms of ``reps`` calls, each timed by events after an L2 flush (as do_bench does: K/V
+        come from device memory) and a hold (:func:`hold_cycles`) long enough that the host has enqueued
+        the whole call before the device reaches the start event."""
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        with torch.cuda.device(dev):
+            flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=dev)
+            t0 = time.perf_counter()
+            fn()  # its enqueue time (no sync): the host work the hold must cover
+            cycles = hold_cycles(dev, time.perf_counter() - t0)
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
             for i in range(reps):
                 for t in grad_to_none:
                     t.grad = None
                 flush.zero_()
+                torch.cuda._sleep(cycles)
                 starts[i].record()
                 fn()
                 ends[i].record()
-            torch.cuda.synchronize(self.device)
+            torch.cuda.synchronize(dev)
         return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
     def _cpu(self, fn, warmup: int, min_reps: int, max_reps: int, target_s: float) -> float:
