@@ -39,6 +39,7 @@ from env import environment  # noqa: E402
 DT = torch.bfloat16
 HQ, HKV = 32, 8
 _SAVE = lambda: None  # noqa: E731 — main() sets it to write the results file
+BATCHES = (1, 8, 32)  # eager_loop's batch sizes (--batches)
 
 
 class _Mod(torch.nn.Module):
@@ -100,7 +101,7 @@ def eager_loop(out: dict, dev: str) -> None:
 
     res = out["eager_loop"] = {}
     for D in (64, 128):
-        for B in (1, 8, 32):
+        for B in BATCHES:
             for L in (1024, 4096, 16384):
                 q = torch.randn(B, HQ, 1, D, device=dev, dtype=DT)
                 k = torch.randn(B, HKV, L, D, device=dev, dtype=DT)
@@ -256,9 +257,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", default="hf_call,eager_loop,new_length,new_length_parts")
+    ap.add_argument("--batches", default="1,8,32", help="eager_loop's batch sizes")
     a = ap.parse_args()
+    global BATCHES, _SAVE
+    BATCHES = tuple(int(x) for x in a.batches.split(","))
     out = {"environment": environment()}
-    global _SAVE
     _SAVE = lambda: Path(a.out).write_text(json.dumps(out, indent=1))  # noqa: E731
     for part in a.parts.split(","):
         globals()[part](out, "cuda")

@@ -146,7 +146,9 @@ class BoundDecode:
     keys and argument tails, the output's shape
     (:class:`~attntune.kernels.triton_decode.launch.DecodeLaunch`) — is prepared on the first call of each
     *layout* and kept. A layout is what the prepared launch depends on that the plan does not fix: the
-    batch and lengths (q's shape, the KV length), the strides of q/k/v, their pointers'
+    batch and lengths (q's shape, the KV length), whether a CUDA graph is being captured (eager split-K
+    combines in the split kernel, captured in a second one: :data:`~attntune.kernels.triton_decode.launch.
+    FUSED_REDUCE`), the strides of q/k/v, their pointers'
     16-byte alignment, ``kv_lens``' dtype and alignment, and (float32 only) whether TF32 is allowed. The
     output is allocated here (contiguous, the caching allocator's alignment), so its layout is fixed. The
     mask, scale and config are the plan's: equal for every shape of the family (its signature holds the
@@ -165,7 +167,7 @@ class BoundDecode:
     def __call__(self, q, k, v, problem: AttentionProblem, config: Config,
                  kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
         tf32 = tf32_allowed() if self.fp32 else True
-        layout = (q.shape, k.shape[2], tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16,
+        layout = (q.shape, k.shape[2], q.is_cuda and _capturing(), tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16,
                   k.data_ptr() % 16, v.data_ptr() % 16,
                   None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16))
         launch = self.launches.get(layout)
@@ -194,5 +196,7 @@ class BoundDecode:
         self.last[other] = launch
         return launch.launch(q, k, v, kv_lens, out, q.get_device())
 
+
+_capturing = torch.cuda.is_current_stream_capturing
 
 VARIANTS = [TritonDecodeVariant()]

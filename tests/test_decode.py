@@ -373,9 +373,10 @@ def test_window_more_splits_than_window_tiles():
         torch.testing.assert_close(o, outs[0], atol=2e-6, rtol=2e-6)
 
 
-@pytest.mark.parametrize("splits, sq, hq, window", [(2, 1, 8, None), (3, 4, 8, (40, 0)), (7, 1, 4, None),
-                                                    (64, 3, 2, (100, -1))])
-def test_fused_reduction_equals_the_two_kernel_path(monkeypatch, splits, sq, hq, window):
+@pytest.mark.parametrize("splits, sq, hq, window, warps", [(2, 1, 8, None, 4), (3, 4, 8, (40, 0), 4),
+                                                           (7, 1, 4, None, 4), (64, 3, 2, (100, -1), 4),
+                                                           (64, 2, 4, None, 1), (37, 4, 8, (60, 0), 2)])
+def test_fused_reduction_equals_the_two_kernel_path(monkeypatch, splits, sq, hq, window, warps):
     """The split kernel's last program combines the splits (FUSED_REDUCE): the same outputs as the
     separate reduction kernel (empty sequences, empty splits, windows, GQA row blocks), and every arrival
     counter is back at 0 after the launch (a kept buffer or a CUDA graph's serves the next launch)."""
@@ -686,7 +687,8 @@ def test_gpu_decode_family_slot_over_lengths_strides_and_batches():
 def test_gpu_fused_reduction_is_deterministic_and_race_free():
     """The fused split-K reduction (last arrival combines) against the two-kernel path and the reference,
     repeated: a missing fence or a stale L1 line would show as a result that changes between identical
-    launches; the kept counters must stay 0 across hundreds of launches (and a CUDA graph's replays)."""
+    launches; the kept counters must stay 0 across hundreds of launches. A captured launch takes the
+    two-kernel path (no counters): its replays equal the eager two-kernel result bit for bit."""
     q, k, v = rand_qkv(4, 32, 8, 1, 32768, 128, dtype=torch.bfloat16, device="cuda", seed=41)
     lens = torch.tensor([32768, 17, 20000, 1], dtype=torch.int32, device="cuda")
     cfg = {"BLOCK_N": 64, "num_splits": 64}
@@ -695,16 +697,16 @@ def test_gpu_fused_reduction_is_deterministic_and_race_free():
         out = decode_attention(q, k, v, kv_lens=lens, config=cfg)
         assert torch.equal(out, first), f"launch {i} differs"
     assert all((s == 0).all() for s in launch._SEMAPHORES.values())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gout = decode_attention(q, k, v, kv_lens=lens, config=cfg)
-    for _ in range(50):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(gout, first)
     launch.FUSED_REDUCE = False
     try:
         two = decode_attention(q, k, v, kv_lens=lens, config=cfg)
     finally:
         launch.FUSED_REDUCE = True
     torch.testing.assert_close(two, first, atol=1e-2, rtol=1e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gout = decode_attention(q, k, v, kv_lens=lens, config=cfg)
+    for _ in range(50):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(gout, two)

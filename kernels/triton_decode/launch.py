@@ -339,8 +339,12 @@ def _workspace(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
 #: when allocated and every launch leaves them zero (the last arrival resets its counter), so one buffer
 #: serves every later call on the stream; a fresh one (a CUDA graph's, another stream's) is zeroed.
 _SEMAPHORES: Dict[Tuple[int, int], torch.Tensor] = {}
-#: split-K combines its splits in the split kernel's last program (one launch) instead of a second
-#: kernel; False keeps the two-kernel path (a switch for tests and for comparing both on a device)
+#: eager split-K launches combine their splits in the split kernel's last program (one launch) instead
+#: of a second kernel; False keeps the two-kernel path (a switch for tests and for comparing both on a
+#: device). Launches captured in a CUDA graph always take the two-kernel path. Measured on the H200
+#: (``probe_decode_eager_h200.json``, 8 calls a step, B 1/8, D 64/128, KV 1k-16k): eagerly the fused
+#: launch was up to 1.5x faster a step (host-bound: one launch instead of two); under a graph, where
+#: launches cost nothing, the two-kernel path's device time was up to 2x lower.
 FUSED_REDUCE = True
 
 
@@ -409,14 +413,17 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    window: Optional[Tuple[int, int]] = None) -> DecodeLaunch:
     """The :class:`DecodeLaunch` of these inputs (checked, as for :func:`launch_decode`). It depends on
     the tensors only through their shapes, dtypes, strides and the 16-byte alignment of their data
-    pointers (and ``kv_lens``' dtype), so a caller may keep it for later calls that agree on those."""
+    pointers (and ``kv_lens``' dtype), and on whether a CUDA graph is being captured (:data:`FUSED_REDUCE`),
+    so a caller may keep it for later calls that agree on those."""
     B, Hq, Sq, D = q.shape
     Hkv, S_max, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     sms, smem = device_info(q.device)
     plan_args = (B, Hq, Sq, D, Hkv, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     split = p.splits > 1
-    fused = split and FUSED_REDUCE
+    fused = split and FUSED_REDUCE and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    # the fused combine's chunk of splits: a [chunk, BLOCK_DV] tile of about 32 floats a thread
+    rbs = min(p.block_s, max(2, next_pow2(p.num_warps * 32 * 32 // p.block_dv))) if fused else 2
     rows = B * Hq * Sq
     lse_off = rows * p.splits * Dv
     qs, ks, vs, os_ = q.stride(), k_cache.stride(), v_cache.stride(), out.stride()
@@ -425,7 +432,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     # grid, the split count and the lengths change with every KV length of a decode loop and must not
     # make a new key (each would take Triton's slow launch path once and grow the cache). The partials
     # buffer is a fresh or cached allocation of the caching allocator: 16-byte aligned.
-    key = (p.num_warps, p.num_stages, split, fused, p.has_left, p.has_right, p.block_m, cfg.BLOCK_N, p.block_d,
+    key = (p.num_warps, p.num_stages, split, fused, rbs, p.has_left, p.has_right, p.block_m, cfg.BLOCK_N, p.block_d,
            p.block_dv, p.even_d, q.dtype, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16 == 0),
            dot_precision, D, Dv, q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0,
            v_cache.data_ptr() % 16 == 0, True if split else out.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
@@ -433,7 +440,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     tail = (*qs, *ks, *vs, *os_,  # S_max at _TAIL_S_MAX (DecodeLaunch.with_length replaces it)
             Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, lse_off, p.win_left, p.win_right, scale * LOG2E,
             kv_lens is not None, split, fused, p.has_left, p.has_right,  # HAS_LENS, SPLIT, FUSED, HAS_LEFT/RIGHT
-            p.block_m, cfg.BLOCK_N, p.block_d, p.block_dv, p.even_d, dot_precision)
+            p.block_m, cfg.BLOCK_N, p.block_d, p.block_dv, p.even_d, dot_precision, rbs)
     rkey = rtail = None
     if split and not fused:
         rkey = (p.block_s, p.block_dv, p.reduce_warps, out.dtype, Dv, True, out.data_ptr() % 16 == 0,
