@@ -155,9 +155,10 @@ def _make(name: str, config: Optional[dict], source: str, problem: AttentionProb
 def _timing_note(key: TuneKey) -> str:
     """How the row's time was measured (the tuner's rule, autotune.timing.graph_timed)."""
     if key.device.device_type == "cuda" and key.mode == "fwd" and key.seqlen_q <= DECODE_MAX_SQ:
-        return ("row timed as device time under CUDA graphs (decode keys: serving captures decode); eager "
-                "calls of small decode problems run one split (host-bound, see triton_decode)")
-    return "row timed eagerly (do_bench medians, L2 flushed)"
+        return ("row timed as device time under CUDA graphs (decode keys: serving captures decode), where "
+                "split-K runs two kernels; eager calls run one (the last split combines: host-bound, see "
+                "triton_decode)")
+    return "row timed eagerly (device time: do_bench's method with the host's launch gaps held out)"
 
 
 # ---- the individual decisions -----------------------------------------------------------------------

@@ -909,3 +909,19 @@ def test_decode_family_slot_keeps_the_length_limit(monkeypatch):
     by_source = {p["source"]: p for p in attntune.stats()["plans"]}
     assert by_source["fallback"]["problem"].startswith("B2 H4/2 S1x345") and by_source["fallback"]["calls"] == 1
     assert sum(p["calls"] for p in attntune.stats()["plans"] if p["variant"] == "triton_decode") == 2
+
+
+def test_explain_says_how_a_row_was_timed():
+    """A GPU decode row was timed under CUDA graphs (two-kernel split-K) and its eager calls fuse the
+    combine; every other row was timed eagerly with the host's launch gaps held out."""
+    from attntune.device import fingerprint_from_gpu_props
+    from attntune.policies.policy import _timing_note
+
+    h200 = fingerprint_from_gpu_props({"name": "NVIDIA H200", "major": 9, "minor": 0, "multi_processor_count": 132})
+    q, k = torch.empty(3, 8, 1, 40), torch.empty(3, 2, 777, 40)
+    decode = TuneKey.from_problem(problem_from_tensors(q, k, k, causal=True), h200)
+    assert "CUDA graphs" in _timing_note(decode) and "last split combines" in _timing_note(decode)
+    prefill = TuneKey.from_problem(problem_from_tensors(torch.empty(3, 8, 17, 40), k, k), h200)
+    assert "held out" in _timing_note(prefill)
+    cpu = TuneKey.from_problem(problem_from_tensors(q, k, k), device_fingerprint("cpu"))
+    assert "CUDA graphs" not in _timing_note(cpu)
