@@ -49,6 +49,7 @@ import time
 import traceback
 import zlib
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 CHILD_MARK = "BENCH_GENERATE_CHILD_JSON "
 KINDS = ("llama", "mistral")
 CACHES = ("dynamic", "static")
+AUTO_PIN_CPUS = 4  # --cpus auto: host work of one generate is one Python thread plus the driver's threads
 
 
 # ---- small helpers ----------------------------------------------------------------------------------
@@ -442,6 +444,7 @@ def child_main(spec: dict) -> None:
         t, out = _timed(lambda: generate(model, ids, mask, spec["warmup_tokens"], cache), device)
         res["warmup_s"] = t
         del out
+        res["cpu"] = cpu_state()
         runs, toks, steps, gcs = [], None, [], []
         for _ in range(spec["repeats"]):
             clock, gcm = StepClock(), GcMeter()
@@ -473,6 +476,46 @@ def child_main(spec: dict) -> None:
     res["attntune_calls"] = _att_delta({}, _att_counts())
     res["process_s"] = time.perf_counter() - t_start
     print(CHILD_MARK + json.dumps(res), flush=True)
+
+
+def parse_cpus(spec: str, available=None) -> Optional[list]:
+    """``--cpus``: ``none`` (no pinning), ``auto`` (the first ``AUTO_PIN_CPUS`` of this process's allowed
+    CPUs, only where at least twice as many are allowed: a small CI machine stays unpinned), or a list
+    such as ``0-3,8``. Pinning keeps every process of the run, the fresh protocol's children included (they
+    inherit the mask), on the same cores: one fresh process per implementation made identical HF code run
+    up to 1.58x slower in one process than in another (``generate_h200_fresh_profile.json``)."""
+    avail = sorted(available if available is not None else os.sched_getaffinity(0))
+    if spec == "none":
+        return None
+    if spec == "auto":
+        return avail[:AUTO_PIN_CPUS] if len(avail) >= 2 * AUTO_PIN_CPUS else None
+    cpus = set()
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise SystemExit(f"--cpus: {spec!r} is not none, auto or a list like 0-3,8")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    missing = cpus - set(avail)
+    if missing:
+        raise SystemExit(f"--cpus: CPUs {sorted(missing)} are not available to this process (allowed: {avail})")
+    return sorted(cpus)
+
+
+def cpu_state() -> dict:
+    """The CPUs this process may run on and their current clocks (MHz, /proc/cpuinfo; absent elsewhere):
+    a process whose host work is slow may simply sit on slower cores."""
+    cpus = sorted(os.sched_getaffinity(0))
+    mhz = {}
+    try:
+        cur = None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("processor"):
+                cur = int(line.split(":")[1])
+            elif line.startswith("cpu MHz") and cur in cpus:
+                mhz[cur] = float(line.split(":")[1])
+    except (OSError, ValueError):
+        pass
+    return {"cpus": cpus, "mhz": mhz}
 
 
 def run_fresh(args, cfgs, device, dtype, doc, save, t0):
@@ -808,6 +851,9 @@ def parse_args(argv=None):
                     help="the CUDA-graph part of the serving loop")
     ap.add_argument("--new-length", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--new-length-count", type=int)
+    ap.add_argument("--cpus", default="auto",
+                    help="pin this process and the fresh children: none, auto (the first "
+                         f"{AUTO_PIN_CPUS} allowed CPUs where at least {2 * AUTO_PIN_CPUS} are) or a list like 0-3")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -867,6 +913,9 @@ def main(argv=None):
     if not gpu:
         args.smoke = True
     args = _resolve(args, gpu)
+    pinned = parse_cpus(args.cpus)
+    if pinned:
+        os.sched_setaffinity(0, pinned)
 
     import transformers
     from env import environment
@@ -889,7 +938,8 @@ def main(argv=None):
            "device": str(device), "dtype": str(dtype),
            "models": {k: model_config(k, args.smoke, max_pos)[1].to_dict() for k in KINDS},
            "transformers": transformers.__version__,
-           "cases": [], "fresh": [], "serving": {}, "new_length": {}, "compiled_static": None, "summary": {}}
+           "cpu": cpu_state(), "cases": [], "fresh": [], "serving": {}, "new_length": {}, "compiled_static": None,
+           "summary": {}}
 
     def save():
         doc["summary"] = summarize(doc)

@@ -69,6 +69,8 @@ def test_bench_generate_smoke(tmp_path):
         _no_error(f"fresh/{impl}", r)
         assert _finite(r["tok_s"]) and _finite(r["long_prefill_s"]) and len(r["runs_s"]) == 1
     assert _finite(fresh["ratio"]) and 0.0 <= fresh["tokens_equal_frac"] <= 1.0
+    # the CPUs each process ran on (auto pinning leaves a small machine unpinned: children see the parent's)
+    assert doc["cpu"]["cpus"] and all(fresh["impls"][i]["cpu"]["cpus"] == doc["cpu"]["cpus"] for i in IMPLS)
 
     eager = doc["serving"]["eager"]
     for name in ("sdpa", "attntune_causal", "attntune_noncausal"):
@@ -109,3 +111,20 @@ def test_spread_fields_pair_best_and_noise():
     assert f["ratio_best"] == 1.0 / 0.8
     assert {k: round(v, 6) for k, v in f["same_impl_spread"].items()} == {"sdpa": 0.3, "attntune": 0.5}
     assert _spread_fields({"sdpa": {"runs_s": [1.0]}})["ratio_best"] is None
+
+
+def test_parse_cpus_pins_only_where_asked_and_available():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_generate", SCRIPT)
+    bg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bg)
+    n = bg.AUTO_PIN_CPUS
+    assert bg.parse_cpus("auto", range(2)) is None  # a 2-core CI machine stays unpinned
+    assert bg.parse_cpus("auto", range(16)) == list(range(n))
+    assert bg.parse_cpus("none", range(16)) is None
+    assert bg.parse_cpus("2-4,9", range(16)) == [2, 3, 4, 9]
+    with pytest.raises(SystemExit, match="not available"):
+        bg.parse_cpus("3,40", range(16))
+    with pytest.raises(SystemExit, match="--cpus"):
+        bg.parse_cpus("fast", range(16))
