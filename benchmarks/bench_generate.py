@@ -916,6 +916,7 @@ def main(argv=None):
     pinned = parse_cpus(args.cpus)
     if pinned:
         os.sched_setaffinity(0, pinned)
+        torch.set_num_threads(min(torch.get_num_threads(), len(pinned)))  # set at import, from all CPUs
 
     import transformers
     from env import environment
