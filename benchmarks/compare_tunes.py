@@ -18,15 +18,13 @@ from pathlib import Path
 
 
 def rows(path: str) -> dict:
+    from attntune.key import TuneKey
+
     out = {}
     for r in json.loads(Path(path).read_text()):
         rec = r["record"]
-        k = rec["key"]
-        name = (f"B{k['batch']} H{k['heads_q']}/{k['heads_kv']} S{k['seqlen_q']}x{k['seqlen_kv']} D{k['head_dim']} "
-                f"{k['dtype']}{' causal' if k['causal'] else ''}{' win' + str(tuple(k['window'])) if k['window'] else ''}"
-                f"{' kv_lens' if k['kv_lens'] else ''} {k['mode']}")
-        out[r["key_id"]] = {"key": name, "variant": rec["variant"], "config": rec["config"],
-                            "median_ms": rec["median_ms"], "spread": rec.get("spread")}
+        out[r["key_id"]] = {"key": TuneKey.model_validate(rec["key"]).short(), "variant": rec["variant"],
+                            "config": rec["config"], "median_ms": rec["median_ms"], "spread": rec.get("spread")}
     return out
 
 

@@ -15,8 +15,10 @@ SPEC.loader.exec_module(ct)
 
 
 def _row(kid, variant, ms, config=None, seqlen=1000):
-    key = {"batch": 3, "heads_q": 8, "heads_kv": 2, "seqlen_q": seqlen, "seqlen_kv": seqlen, "head_dim": 72,
-           "dtype": "bfloat16", "causal": True, "window": None, "kv_lens": False, "mode": "fwd"}
+    key = {"device": {"backend": "cuda", "arch": "sm_90", "name": "NVIDIA H200", "units": 132},
+           "batch": 3, "heads_q": 8, "heads_kv": 2, "seqlen_q": seqlen, "seqlen_kv": seqlen, "head_dim": 72,
+           "head_dim_v": 72, "dtype": "bfloat16", "causal": True, "causal_align": "bottom_right", "window": None,
+           "kv_lens": False, "mode": "fwd", "approx": False}
     return {"key_id": kid, "record": {"key": key, "variant": variant, "config": config or {"BLOCK_M": 64},
                                       "median_ms": ms, "spread": 0.01}}
 
