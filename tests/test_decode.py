@@ -276,6 +276,8 @@ def test_plan_cached_by_tile_counts_equals_the_direct_plan():
         assert p.splits == max(1, min(want, -(-max(span, 1) // cfg.BLOCK_N))), (B, Hkv, g, Sq, D, S, cfg, window)
         assert (p.has_left, p.has_right, p.win_left, p.win_right) == (
             left is not None, right is not None, left or 0, right or 0)
+        kv_bytes = B * Hkv * -(-max(span, 1) // cfg.BLOCK_N) * cfg.BLOCK_N * 2 * D * 2
+        assert p.eager_fused == (p.splits > 1 and kv_bytes <= launch.EAGER_FUSE_MAX_BYTES)
 
 
 def test_with_length_equals_a_full_prepare():
@@ -392,6 +394,30 @@ def test_fused_reduction_equals_the_two_kernel_path(monkeypatch, splits, sq, hq,
     two = check(q, k, v, lens, True, cfg, window=window)
     assert len(sems) == 1  # the two-kernel path takes no counters
     torch.testing.assert_close(fused, two, atol=2e-6, rtol=2e-6)
+
+
+def test_large_eager_launch_keeps_the_two_kernel_path(monkeypatch):
+    """Past EAGER_FUSE_MAX_BYTES of K/V an eager split launch is device-bound and keeps the two kernels
+    (no counters taken); the plan at the H200's measured sizes: 33.5 MB a call fuses, 67 MB does not."""
+    plan = functools.partial(launch.plan_launch, Sq=1, Hkv=8, Dv=64, itemsize=2, sms=132,
+                             smem_per_sm=228 * 1024, cfg=launch.DecodeConfig())
+    assert plan(B=1, Hq=32, D=64, S_max=16384).eager_fused  # 33.5 MB
+    assert not plan(B=8, Hq=32, D=64, S_max=4096).eager_fused  # 67 MB
+    sems = []
+    real = launch._semaphores
+    monkeypatch.setattr(launch, "_semaphores", lambda *a: sems.append(real(*a)) or sems[-1])
+    q, k, v = rand_qkv(2, 4, 2, 1, 200, 64, dtype=torch.float32, device=DEV, seed=33)
+    cfg = {"BLOCK_N": 16, "num_splits": 4}
+    check(q, k, v, None, False, cfg)
+    assert len(sems) == 1
+    # this launch reads B 2 * Hkv 2 * 13 tiles of 16 keys * (64 + 64) dims * 4 bytes: one byte under it
+    monkeypatch.setattr(launch, "EAGER_FUSE_MAX_BYTES", 2 * 2 * 13 * 16 * 128 * 4 - 1)
+    launch._plan.cache_clear()
+    try:
+        check(q, k, v, None, False, cfg)
+        assert len(sems) == 1
+    finally:
+        launch._plan.cache_clear()
 
 
 def test_window_equivalent_masks_are_bitwise_equal():

@@ -203,6 +203,7 @@ class LaunchPlan(NamedTuple):
     num_stages: int
     block_s: int  # reduction: splits padded to a power of two
     reduce_warps: int
+    eager_fused: bool  # split, and an eager launch combines in the split kernel (EAGER_FUSE_MAX_BYTES)
     has_left: bool  # the kernel's window bounds (mask_bounds); reach 0 where unbounded (then unread)
     has_right: bool
     win_left: int
@@ -247,8 +248,11 @@ def _plan(B: int, Hq: int, Sq: int, D: int, Hkv: int, Dv: int, itemsize: int, sm
     bs = max(2, next_pow2(splits))
     # about 32 fp32 partial values per thread: the reduction's [BLOCK_S, BLOCK_DV] tile sits in registers
     reduce_warps = min(8, max(1, next_pow2(bs * bdv // 1024)))
+    # K/V bytes the launch reads (its span rounded up to whole tiles): small enough, the eager call is
+    # host-bound and one launch beats two; larger, the fused combine's tail costs more than a launch saves
+    eager_fused = splits > 1 and B * Hkv * tiles * cfg.BLOCK_N * (D + Dv) * itemsize <= EAGER_FUSE_MAX_BYTES
     return LaunchPlan((B * Hkv, splits, m_blocks), splits, bm, bd, bdv, bd == D and bdv == Dv,
-                      cfg.num_warps, stages, bs, reduce_warps, left is not None, right is not None,
+                      cfg.num_warps, stages, bs, reduce_warps, eager_fused, left is not None, right is not None,
                       left or 0, right or 0)
 
 
@@ -346,6 +350,12 @@ _SEMAPHORES: Dict[Tuple[int, int], torch.Tensor] = {}
 #: launch was up to 1.5x faster a step (host-bound: one launch instead of two); under a graph, where
 #: launches cost nothing, the two-kernel path's device time was up to 2x lower.
 FUSED_REDUCE = True
+#: ... and only launches that read at most this many K/V bytes (B * Hkv * keys * (D + Dv) * itemsize):
+#: measured on the H200 host (``probe_decode_eager_fused_h200.json``, 8 eager calls a step), fused won
+#: at 33.5 MB a call (1.25-1.38x a step: B 1 D 64 KV 16k, B 8 D 128 KV 1k) and lost at 67 MB (0.89-0.93x:
+#: B 8 D 64 KV 4k, B 1 D 128 KV 16k), where the device, not the host, sets the pace and the last split's
+#: combine (~4 µs) outweighs the launch it saves.
+EAGER_FUSE_MAX_BYTES = 48 << 20
 
 
 def _semaphores(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
@@ -421,7 +431,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     plan_args = (B, Hq, Sq, D, Hkv, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     split = p.splits > 1
-    fused = split and FUSED_REDUCE and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    fused = p.eager_fused and FUSED_REDUCE and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
     # the fused combine's chunk of splits: a [chunk, BLOCK_DV] tile of about 32 floats a thread
     rbs = min(p.block_s, max(2, next_pow2(p.num_warps * 32 * 32 // p.block_dv))) if fused else 2
     rows = B * Hq * Sq
