@@ -346,9 +346,10 @@ _SEMAPHORES: Dict[Tuple[int, int], torch.Tensor] = {}
 #: eager split-K launches combine their splits in the split kernel's last program (one launch) instead
 #: of a second kernel; False keeps the two-kernel path (a switch for tests and for comparing both on a
 #: device). Launches captured in a CUDA graph always take the two-kernel path. Measured on the H200
-#: (``probe_decode_eager_h200.json``, 8 calls a step, B 1/8, D 64/128, KV 1k-16k): eagerly the fused
-#: launch was up to 1.5x faster a step (host-bound: one launch instead of two); under a graph, where
-#: launches cost nothing, the two-kernel path's device time was up to 2x lower.
+#: (``probe_decode_eager_fused_h200.json``, 8 calls a step, B 1/8, D 64/128, KV 1k-16k): eagerly the fused
+#: launch was 1.25-1.40x faster a step where a call reads <= 33.5 MB of K/V (host-bound: one launch
+#: instead of two); under a graph, where launches cost nothing, the two-kernel path's device time was
+#: 1.1-1.8x lower (the last split's combine is a serial tail of ~4 µs).
 FUSED_REDUCE = True
 #: ... and only launches that read at most this many K/V bytes (B * Hkv * keys * (D + Dv) * itemsize):
 #: measured on the H200 host (``probe_decode_eager_fused_h200.json``, 8 eager calls a step), fused won
