@@ -9,6 +9,7 @@ top-left problem runs only where it is the same mask). Its tunables: ``BLOCK_N``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import List, Optional
 
@@ -16,11 +17,19 @@ import torch
 
 from attntune.kernels.base import Config, Param, Space, Variant
 from attntune.kernels.triton_decode.launch import (MAX_SPLITS, SMEM_BLOCK_BUDGET, DecodeConfig, block_d, block_m,
-                                                   kv_smem_bytes, prepare_decode)
+                                                   keys_per_program, kv_smem_bytes, prepare_decode)
 from attntune.tolerances import tf32_allowed
 from attntune.problem import AttentionProblem
 
 MAX_SEQLEN_Q = 16
+#: Eager calls (not being captured in a CUDA graph) whose programs each read at most this many K+V bytes
+#: run one split, whatever the tuned config says: tuned decode configs are ranked by device time under
+#: CUDA graphs (two-kernel split-K), but an eager decode step is host-bound. Even against the fused
+#: combine (one launch either way) one split skips the arrival counters, the partials and the combine's
+#: tail. Measured on the H200 (``benchmarks/results/probe_decode_eager_fused_h200.json``, 8 eager calls a
+#: step): one split 1.14-1.26x faster a step than the fused split at 256 and 512 KiB a program (KV 1024,
+#: D 64 and 128, B 1 and 8); at 1 MiB and more it is 3-10x slower (one program streams too little).
+EAGER_ONE_SPLIT_BYTES = 512 * 1024
 #: prepared launches one plan keeps (one per layout: a decode loop makes one per KV length); past this
 #: many they are dropped and re-prepared on use
 MAX_LAUNCHES = 4096
@@ -51,6 +60,13 @@ class TritonDecodeVariant(Variant):
 
     def __init__(self) -> None:
         self._configs = {}  # (BLOCK_N, num_splits, num_warps, num_stages) -> DecodeConfig
+        self._single = {}   # DecodeConfig -> the same with num_splits 1
+
+    def _one_split(self, cfg: DecodeConfig) -> DecodeConfig:
+        one = self._single.get(cfg)
+        if one is None:
+            one = self._single.setdefault(cfg, dataclasses.replace(cfg, num_splits=1))
+        return one
 
     def supports(self, problem: AttentionProblem) -> List[str]:
         reasons = []
@@ -122,6 +138,19 @@ class TritonDecodeVariant(Variant):
             cfg = self._configs.setdefault(key, DecodeConfig.from_dict(config))
         return cfg
 
+    def eager_config(self, cfg: DecodeConfig, seqlen_q: int, seqlen_kv: int, window, bytes_per_key: int,
+                     cuda: bool) -> DecodeConfig:
+        """The config of an eager call (not captured in a CUDA graph) of this exact shape.
+
+        Tuned decode configs are ranked by device time under CUDA graphs. Outside a graph a small decode
+        is host-bound, and one split saves the reduction's launch and the partials buffer, so a call
+        whose programs each read at most :data:`EAGER_ONE_SPLIT_BYTES` (``bytes_per_key``: K and V bytes
+        of one key) runs one split."""
+        if cfg.num_splits == 1 or not cuda:
+            return cfg
+        span = keys_per_program(seqlen_kv, seqlen_q, None if window is None else window[0])
+        return self._one_split(cfg) if span * bytes_per_key <= EAGER_ONE_SPLIT_BYTES else cfg
+
     def family_generic(self, problem: AttentionProblem, config: Config) -> bool:
         # supports() reads the lengths only for a causal/window mask aligned top-left (kv_lens, Sq != Skv);
         # the space does not depend on lengths; BoundDecode takes every shape from the tensors.
@@ -146,48 +175,54 @@ class BoundDecode:
     keys and argument tails, the output's shape
     (:class:`~attntune.kernels.triton_decode.launch.DecodeLaunch`) — is prepared on the first call of each
     *layout* and kept. A layout is what the prepared launch depends on that the plan does not fix: the
-    batch and lengths (q's shape, the KV length), whether a CUDA graph is being captured (eager split-K
-    combines in the split kernel, captured in a second one: :data:`~attntune.kernels.triton_decode.launch.
-    FUSED_REDUCE`), the strides of q/k/v, their pointers'
+    batch and lengths (q's shape, the KV length), whether a CUDA graph is being captured (eager calls may
+    run one split, see :meth:`TritonDecodeVariant.eager_config`, and eager split-K combines in the split
+    kernel: :data:`~attntune.kernels.triton_decode.launch.FUSED_REDUCE`), the strides of q/k/v, their pointers'
     16-byte alignment, ``kv_lens``' dtype and alignment, and (float32 only) whether TF32 is allowed. The
     output is allocated here (contiguous, the caching allocator's alignment), so its layout is fixed. The
     mask, scale and config are the plan's: equal for every shape of the family (its signature holds the
     canonical mask)."""
 
-    __slots__ = ("variant", "cfg", "causal", "window", "scale", "fp32", "launches", "last")
+    __slots__ = ("variant", "cfg", "causal", "window", "scale", "fp32", "cuda", "bytes_per_key", "launches",
+                 "last")
 
     def __init__(self, variant: TritonDecodeVariant, problem: AttentionProblem, config: Config):
         self.variant = variant
         self.cfg = variant._config(config)
         self.causal, self.window, self.scale = problem.causal, problem.window, problem.softmax_scale
         self.fp32 = problem.dtype == "float32"
+        self.cuda = problem.device_type == "cuda"
+        self.bytes_per_key = (problem.head_dim + problem.head_dim_v) * problem.torch_dtype.itemsize
         self.launches = {}
         self.last = {}  # the layout but the KV length -> the launch prepared last for it
 
     def __call__(self, q, k, v, problem: AttentionProblem, config: Config,
                  kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        capturing = q.is_cuda and _capturing()
         tf32 = tf32_allowed() if self.fp32 else True
-        layout = (q.shape, k.shape[2], q.is_cuda and _capturing(), tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16,
+        layout = (q.shape, k.shape[2], capturing, tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16,
                   k.data_ptr() % 16, v.data_ptr() % 16,
                   None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16))
         launch = self.launches.get(layout)
         if launch is None:
-            return self._first(layout, q, k, v, kv_lens, tf32)
+            return self._first(layout, q, k, v, kv_lens, capturing, tf32)
         return launch.launch(q, k, v, kv_lens, q.new_empty(launch.out_shape), q.get_device())
 
-    def _first(self, layout, q, k, v, kv_lens, tf32: bool) -> torch.Tensor:
+    def _first(self, layout, q, k, v, kv_lens, capturing: bool, tf32: bool) -> torch.Tensor:
         """The first call of ``layout``: prepare its launch — from the last launch of the same layout
         but another KV length when only the length argument differs (a serving loop's views into one
         cache: :meth:`~attntune.kernels.triton_decode.launch.DecodeLaunch.with_length`), else in full."""
         out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
         if out.numel() == 0:
             return out
+        cfg = self.cfg if capturing else self.variant.eager_config(self.cfg, q.shape[2], k.shape[2], self.window,
+                                                                   self.bytes_per_key, self.cuda)
         other = (layout[0],) + layout[2:]  # the layout but the KV length
         launch = self.last.get(other)
         if launch is not None:
-            launch = launch.with_length(k.shape[2])
+            launch = launch.with_length(k.shape[2]) if launch.cfg is cfg else None
         if launch is None:
-            launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, self.cfg,
+            launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, cfg,
                                     "tf32" if tf32 else "ieee", self.window)
         if len(self.launches) >= MAX_LAUNCHES:  # a long decode loop: one layout per length ever seen
             self.launches.clear()

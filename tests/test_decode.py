@@ -736,3 +736,21 @@ def test_gpu_fused_reduction_is_deterministic_and_race_free():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(gout, two)
+
+
+def test_eager_config_runs_one_split_only_for_small_programs():
+    """Eager GPU calls whose programs read at most EAGER_ONE_SPLIT_BYTES of K+V run one split (the H200
+    probe: 1.14-1.26x a step at 256-512 KiB); larger ones and captured/CPU calls keep the tuned config;
+    a window bounds the keys a program reads."""
+    from attntune.kernels.triton_decode_variant import EAGER_ONE_SPLIT_BYTES, TritonDecodeVariant
+
+    var = TritonDecodeVariant()
+    cfg = launch.DecodeConfig(BLOCK_N=64, num_splits=0)
+    per_key = 2 * 128 * 2  # D 128 K and V, bf16: 512 KiB at 1024 keys
+    assert EAGER_ONE_SPLIT_BYTES == 1024 * per_key
+    assert var.eager_config(cfg, 1, 1024, None, per_key, True).num_splits == 1
+    assert var.eager_config(cfg, 1, 1025, None, per_key, True) is cfg
+    assert var.eager_config(cfg, 1, 1024, None, per_key, False) is cfg  # the CPU interpreter
+    assert var.eager_config(cfg, 1, 32768, (1000, 0), per_key, True).num_splits == 1  # 1001 keys a program
+    one = var.eager_config(cfg, 1, 1024, None, per_key, True)
+    assert var.eager_config(cfg, 3, 900, None, per_key, True) is one  # one object per config: launch.cfg is cfg

@@ -404,6 +404,11 @@ class DecodeLaunch(NamedTuple):
             _REDUCE(self.rkey, self.rgrid, (ws, out) + self.rtail, self.reduce_warps, None, dev_idx)
         return out
 
+    @property
+    def cfg(self) -> "DecodeConfig":
+        """The config this launch was prepared with (``plan_args`` holds plan_launch's arguments)."""
+        return self.plan_args[9]
+
     def with_length(self, s_max: int) -> Optional["DecodeLaunch"]:
         """This launch for KV tensors of another length ``s_max`` and the same strides (views into one
         longer cache: a serving loop's step), or None where the length changes more than the length
