@@ -754,3 +754,18 @@ def test_eager_config_runs_one_split_only_for_small_programs():
     assert var.eager_config(cfg, 1, 32768, (1000, 0), per_key, True).num_splits == 1  # 1001 keys a program
     one = var.eager_config(cfg, 1, 1024, None, per_key, True)
     assert var.eager_config(cfg, 3, 900, None, per_key, True) is one  # one object per config: launch.cfg is cfg
+
+
+def test_rocm_keeps_the_two_kernel_path(monkeypatch):
+    """On ROCm an eager split launch does not fuse its combine (untested memory ordering across XCDs)."""
+    q, k, v = rand_qkv(2, 4, 2, 1, 200, 64, dtype=torch.float32, device=DEV, seed=35)
+    cfg = {"BLOCK_N": 16, "num_splits": 4}
+    sems = []
+    real = launch._semaphores
+    monkeypatch.setattr(launch, "_semaphores", lambda *a: sems.append(real(*a)) or sems[-1])
+    monkeypatch.setattr(launch, "_ROCM", True)
+    check(q, k, v, None, False, cfg)
+    assert sems == []
+    monkeypatch.setattr(launch, "_ROCM", False)
+    check(q, k, v, None, False, cfg)
+    assert len(sems) == 1

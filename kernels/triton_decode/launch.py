@@ -357,6 +357,11 @@ FUSED_REDUCE = True
 #: B 8 D 64 KV 4k, B 1 D 128 KV 16k), where the device, not the host, sets the pace and the last split's
 #: combine (~4 µs) outweighs the launch it saves.
 EAGER_FUSE_MAX_BYTES = 48 << 20
+#: ROCm keeps the two-kernel path: the fused combine's cross-program visibility (an acq_rel arrival at GPU
+#: scope, then ``.cg`` loads of the other programs' partials) is tested on NVIDIA only, and MI300's
+#: per-XCD L2s make "reads bypass L1" a weaker promise there. Untested on AMD hardware either way.
+FUSE_ON_ROCM = False
+_ROCM = torch.version.hip is not None
 
 
 def _semaphores(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
@@ -437,7 +442,8 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     plan_args = (B, Hq, Sq, D, Hkv, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
     split = p.splits > 1
-    fused = p.eager_fused and FUSED_REDUCE and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    fused = (p.eager_fused and FUSED_REDUCE and (FUSE_ON_ROCM or not _ROCM)
+             and not (q.is_cuda and torch.cuda.is_current_stream_capturing()))
     # the fused combine's chunk of splits: a [chunk, BLOCK_DV] tile of about 32 floats a thread
     rbs = min(p.block_s, max(2, next_pow2(p.num_warps * 32 * 32 // p.block_dv))) if fused else 2
     rows = B * Hq * Sq
