@@ -320,14 +320,22 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _TAIL_S_MAX = 19
 
 
-def _kept(cache: Dict[Tuple[int, int], torch.Tensor], n: int, device: torch.device, dev_idx: int,
+def _keep_key(dev_idx: int) -> Optional[Tuple[int, int]]:
+    """Where an eager call's buffers are kept: (device, thread) for a call on the device's default stream
+    outside a capture, else None (allocate per call; see :data:`_WORKSPACE`). Decided once per launch for
+    both of its buffers."""
+    if dev_idx < 0 or _raw_stream is None or _raw_stream(dev_idx) not in _DEFAULT_STREAMS \
+            or torch.cuda.is_current_stream_capturing():
+        return None
+    return (dev_idx, threading.get_ident())
+
+
+def _kept(cache: Dict[Tuple[int, int], torch.Tensor], n: int, key: Optional[Tuple[int, int]],
           make) -> torch.Tensor:
-    """A buffer of at least ``n`` elements from ``make(n)``: kept in ``cache`` per (device, thread) for
-    eager calls on the device's default stream, fresh otherwise (see :data:`_WORKSPACE`)."""
-    if dev_idx < 0 or _raw_stream is None or n * 4 > WORKSPACE_CACHE_BYTES \
-            or _raw_stream(dev_idx) not in _DEFAULT_STREAMS or torch.cuda.is_current_stream_capturing():
+    """A buffer of at least ``n`` elements from ``make(n)``: kept in ``cache`` under ``key``
+    (:func:`_keep_key`) up to ``WORKSPACE_CACHE_BYTES``, fresh where ``key`` is None or above that."""
+    if key is None or n * 4 > WORKSPACE_CACHE_BYTES:
         return make(n)
-    key = (dev_idx, threading.get_ident())
     buf = cache.get(key)
     if buf is None or buf.numel() < n:
         buf = make(n)
@@ -335,8 +343,8 @@ def _kept(cache: Dict[Tuple[int, int], torch.Tensor], n: int, device: torch.devi
     return buf
 
 
-def _workspace(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
-    return _kept(_WORKSPACE, n, device, dev_idx, lambda m: torch.empty(m, device=device, dtype=torch.float32))
+def _workspace(n: int, device: torch.device, key: Optional[Tuple[int, int]]) -> torch.Tensor:
+    return _kept(_WORKSPACE, n, key, lambda m: torch.empty(m, device=device, dtype=torch.float32))
 
 
 #: the fused reduction's arrival counters, kept like the partials (:data:`_WORKSPACE`). They are zero
@@ -364,8 +372,8 @@ FUSE_ON_ROCM = False
 _ROCM = torch.version.hip is not None
 
 
-def _semaphores(n: int, device: torch.device, dev_idx: int) -> torch.Tensor:
-    return _kept(_SEMAPHORES, n, device, dev_idx, lambda m: torch.zeros(m, device=device, dtype=torch.int32))
+def _semaphores(n: int, device: torch.device, key: Optional[Tuple[int, int]]) -> torch.Tensor:
+    return _kept(_SEMAPHORES, n, key, lambda m: torch.zeros(m, device=device, dtype=torch.int32))
 
 
 def _stride_classes(*strides: int) -> tuple:
@@ -400,9 +408,13 @@ class DecodeLaunch(NamedTuple):
                kv_lens: Optional[torch.Tensor], out: torch.Tensor, dev_idx: int) -> torch.Tensor:
         """Launch into ``out`` (allocated with the layout this launch was prepared for). The partials
         buffer comes from :func:`_workspace` (its alignment is the caching allocator's: 512 bytes)."""
-        ws = _workspace(self.ws_numel, q.device, dev_idx) if self.split else out
-        # the counters are read only when fused; otherwise any pointer of the key's alignment stands in
-        sem = _semaphores(self.grid[0] * self.grid[2], q.device, dev_idx) if self.fused else ws
+        ws = sem = out
+        if self.split:
+            keep = _keep_key(dev_idx)
+            ws = sem = _workspace(self.ws_numel, q.device, keep)
+            # the counters are read only when fused; otherwise any pointer of the key's alignment stands in
+            if self.fused:
+                sem = _semaphores(self.grid[0] * self.grid[2], q.device, keep)
         _SPLIT(self.key, self.grid, (q, k_cache, v_cache, kv_lens, ws, out, sem) + self.tail, self.num_warps,
                self.num_stages, dev_idx)
         if self.split and not self.fused:
