@@ -64,6 +64,11 @@ class GateInputs:
     ref_out: torch.Tensor
     ref_grads: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
     tf32: bool = False
+    #: the lengths every *timed* call uses (:func:`timing_kv_lens`): the gate's ``kv_lens`` are drawn per
+    #: seed, and a split-K kernel's time follows its longest sequence, so timing them would rank configs
+    #: by the draw (one draw of B=4, KV 2048 ranked a 64-split config first that re-timed 1.36x slower
+    #: on another draw: ``regret_h200.json``, session 8)
+    timing_kv_lens: Optional[torch.Tensor] = None
 
     @property
     def device(self) -> torch.device:
@@ -105,6 +110,16 @@ def _kv_lens(problem: AttentionProblem, g: torch.Generator, device) -> torch.Ten
     return lens.to(torch.int32)
 
 
+def timing_kv_lens(problem: AttentionProblem, device) -> torch.Tensor:
+    """The ``[B]`` int32 lengths every timed call of a ``kv_lens`` key uses, whatever the seed: sequence
+    ``i`` holds ``Skv - (i * Skv) // (2 B)`` keys — the first the key's full length (its KV capacity,
+    which sets a split-K launch's grid), the rest spread evenly down to just above half of it, as a
+    serving batch's sequences are. B = 1: the full length."""
+    b, skv = problem.batch, max(problem.seqlen_kv, 1)
+    i = torch.arange(b, device=device, dtype=torch.int64)
+    return (skv - (i * skv) // (2 * b)).clamp_(min=1).to(torch.int32)
+
+
 def prepare(problem: AttentionProblem, device: torch.device, seed: int) -> GateInputs:
     """Random inputs for ``problem`` on ``device`` (seeded) and the reference output (and gradients).
     Called once per key, before its first trial."""
@@ -131,7 +146,8 @@ def prepare(problem: AttentionProblem, device: torch.device, seed: int) -> GateI
         ref_dtype = torch.float32
     ref_out, ref_grads = chunked_reference(q, k, v, problem, kv_lens, ref_dtype, dout)
     tf32 = problem.dtype == "float32" and tf32_allowed()
-    return GateInputs(problem, q, k, v, kv_lens, dout, ref_dtype, ref_out, ref_grads, tf32)
+    timed = timing_kv_lens(problem, device) if problem.kv_lens else None
+    return GateInputs(problem, q, k, v, kv_lens, dout, ref_dtype, ref_out, ref_grads, tf32, timed)
 
 
 @contextmanager

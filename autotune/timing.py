@@ -74,9 +74,11 @@ def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Calla
 
     Forward: the variant's bound call (:meth:`~attntune.kernels.base.Variant.bind`: what the runtime
     calls) under no_grad. Forward+backward: run, then ``backward`` with the key's fixed ``dout``
-    [B, Hq, Sq, Dv] (the gradient of a typical loss; its values do not change the cost)."""
+    [B, Hq, Sq, Dv] (the gradient of a typical loss; its values do not change the cost). With ``kv_lens``
+    the call uses the key's seed-free timing lengths (:func:`~attntune.autotune.gate.timing_kv_lens`), not
+    the gate's random draw."""
     p = inp.problem
-    kv_lens = inp.kv_lens if p.kv_lens else None
+    kv_lens = inp.timing_kv_lens if p.kv_lens else None
     q, k, v = inp.leaves()
     if not grads:
         run = variant.bind(p, config)  # what the runtime keeps per call signature and calls

@@ -38,7 +38,7 @@ def test_regret_smoke(tmp_path):
     for r in doc["rows"]:
         assert "error" not in r, r
         assert r["family"] == "dense_prefill" and r["regret"] >= -1 and _finite(r["regret"])
-        assert r["budget_winner"][0] and r["reference_winner"][0]
+        assert r["budget_winner"][0] and r["reference_winner"][0] and _finite(r["budget_tuned_ms"])
         # every candidate's grid size and how much of it the reference measured
         assert r["reference"] and all(v["listed"] >= 1 and v["grid"] >= 1 for v in r["reference"].values())
         assert r["reference_full"] >= 1 and r["reference_unmeasured"] == 0
@@ -118,3 +118,11 @@ def test_fidelity_retimes_a_row_beside_its_baseline(tmp_path):
     assert row["variant"] == "sdpa_math" and row["baseline_stored_ms"] == 0.25
     want = (row["now_ms"] / row["baseline_now_ms"]) / 2.0 - 1
     assert abs(row["relative_error"] - want) < 1e-9 and row["baseline_now_ms"] > 0
+
+
+def test_families_filter_keeps_only_the_named_families(tmp_path):
+    regret = _regret_module()
+    out = tmp_path / "r.json"
+    regret.main(["--keys", "cpu2", "--families", "training", "--time-limit", "30", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["rows"] == [] and doc["summary"]["keys"] == 0

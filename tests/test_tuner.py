@@ -692,6 +692,27 @@ def test_gate_reference_is_chunked_without_changing_the_result(monkeypatch, budg
     assert whole.ref_dtype == torch.float64
 
 
+@pytest.mark.parametrize("b,skv,expected", [(1, 40, [40]), (3, 40, [40, 34, 27]), (4, 7, [7, 7, 6, 5])])
+def test_timed_calls_use_seed_free_kv_lens(b, skv, expected):
+    """The gate draws kv_lens per seed; timing must not: every timed call of a kv_lens key uses the same
+    lengths (the first the full length, the rest spread down to just above half), whatever the seed."""
+    from types import SimpleNamespace
+
+    from attntune.autotune.timing import make_call
+
+    p = prob(b=b, hq=4, hkv=2, sq=1, skv=skv, kv_lens=True)
+    draws = [gate.prepare(p, torch.device("cpu"), seed=s) for s in (1, 2, 3, 4)]
+    assert len({tuple(d.kv_lens.tolist()) for d in draws}) > 1  # the gate's draws differ ...
+    for d in draws:  # ... the timed lengths do not
+        assert d.timing_kv_lens.dtype == torch.int32 and d.timing_kv_lens.tolist() == expected
+    seen = []
+    fake = SimpleNamespace(bind=lambda prob_, cfg: (lambda q, k, v, pp, c, lens: seen.append(lens)))
+    fn, _ = make_call(fake, {}, draws[0], grads=False)
+    fn()
+    assert seen[0] is draws[0].timing_kv_lens
+    assert gate.prepare(prob(b=2, hq=4, hkv=2, sq=1, skv=9), torch.device("cpu"), seed=1).timing_kv_lens is None
+
+
 # ---- on a GPU (skipped without one) ---------------------------------------------------------------
 
 
