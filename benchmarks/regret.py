@@ -28,6 +28,11 @@ Usage (H200, one call of at most 9 minutes)::
         --out benchmarks/results/regret_h200.json
     python benchmarks/regret.py --keys cpu2 --fidelity /tmp/cpu.db --out /tmp/regret.json   # CPU smoke
 
+Runs of the same keys made at different times (e.g. a family re-run after a fix) combine with
+``--merge A.json B.json --out C.json``: a later file's rows replace the earlier files' rows of the
+families it ran; fidelity comes from the last file that has any; ``merged_from`` names each file with its
+arguments and the families taken from it.
+
 The JSON is rewritten after every key (a timeout still leaves the keys done); its ``summary`` holds
 ``keys``, ``families``, ``geomean_regret``, ``max_regret``, ``max_fidelity_error``.
 """
@@ -248,6 +253,23 @@ def summarize(rows: List[dict], fid: List[dict]) -> dict:
             "median_relative_fidelity_error": statistics.median(rel) if rel else None}
 
 
+def merge(paths: List[str]) -> dict:
+    """One document from several runs (see the module doc): rows by family, later files winning."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    by_family: Dict[str, Tuple[int, List[dict]]] = {}
+    for i, d in enumerate(docs):
+        for fam in dict.fromkeys(r["family"] for r in d["rows"]):
+            by_family[fam] = (i, [r for r in d["rows"] if r["family"] == fam])
+    rows = [r for _, rs in by_family.values() for r in rs]
+    fid = next((d["fidelity"] for d in reversed(docs) if d.get("fidelity")), [])
+    return {"benchmark": "regret", "environment": docs[-1]["environment"],
+            "merged_from": [{"file": Path(p).name, "args": d.get("args"), "elapsed_s": d.get("elapsed_s"),
+                             "families": sorted(f for f, (j, _) in by_family.items() if j == i),
+                             "fidelity": bool(d.get("fidelity")) and d["fidelity"] is fid}
+                            for i, (p, d) in enumerate(zip(paths, docs))],
+            "rows": rows, "fidelity": fid, "summary": summarize(rows, fid)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/regret_h200.json")
@@ -259,7 +281,12 @@ def main(argv=None):
     ap.add_argument("--time-limit", type=float, default=480.0, help="wall seconds for everything")
     ap.add_argument("--fidelity", metavar="CACHE", help="re-time the valid rows of this cache (first)")
     ap.add_argument("--fidelity-share", type=float, default=0.3, help="share of the time limit for fidelity")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="combine these runs into --out (no timing)")
     args = ap.parse_args(argv)
+    if args.merge:
+        Path(args.out).write_text(json.dumps(merge(args.merge), indent=1, default=str))
+        print(json.dumps(json.loads(Path(args.out).read_text())["summary"], indent=1))
+        return
     device = default_device()
     t_start = time.time()
     out = Path(args.out)

@@ -126,3 +126,23 @@ def test_families_filter_keeps_only_the_named_families(tmp_path):
     regret.main(["--keys", "cpu2", "--families", "training", "--time-limit", "30", "--out", str(out)])
     doc = json.loads(out.read_text())
     assert doc["rows"] == [] and doc["summary"]["keys"] == 0
+
+
+def test_merge_takes_each_family_from_the_last_run_that_has_it(tmp_path):
+    regret = _regret_module()
+    env = {"torch": "x"}
+    a = {"environment": env, "args": {"keys": "families16"}, "fidelity": [{"error_frac": 0.02}],
+         "rows": [{"family": "decode", "regret": 0.5}, {"family": "decode", "regret": 0.1},
+                  {"family": "training", "regret": 0.04}]}
+    b = {"environment": env, "args": {"families": "decode"}, "fidelity": [],
+         "rows": [{"family": "decode", "regret": 0.0}]}
+    pa, pb, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    regret.main(["--merge", str(pa), str(pb), "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert sorted(r["regret"] for r in doc["rows"]) == [0.0, 0.04]
+    s = doc["summary"]
+    assert s["keys"] == 2 and s["max_regret"] == 0.04 and s["max_fidelity_error"] == 0.02
+    assert [m["families"] for m in doc["merged_from"]] == [["training"], ["decode"]]
+    assert [m["fidelity"] for m in doc["merged_from"]] == [True, False]
