@@ -156,8 +156,9 @@ def _timing_note(key: TuneKey) -> str:
     """How the row's time was measured (the tuner's rule, autotune.timing.graph_timed)."""
     if key.device.device_type == "cuda" and key.mode == "fwd" and key.seqlen_q <= DECODE_MAX_SQ:
         return ("row timed as device time under CUDA graphs (decode keys: serving captures decode), where "
-                "split-K runs two kernels; eager calls run one (the last split combines: host-bound, see "
-                "triton_decode)")
+                "split-K runs two kernels; eager calls are host-bound and launch by size: one split where a "
+                "program reads little K/V, else the last split combines in the same launch, two kernels "
+                "for the largest (triton_decode: EAGER_ONE_SPLIT_BYTES, EAGER_FUSE_MAX_BYTES)")
     return "row timed eagerly (device time: do_bench's method with the host's launch gaps held out)"
 
 

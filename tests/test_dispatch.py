@@ -920,7 +920,8 @@ def test_explain_says_how_a_row_was_timed():
     h200 = fingerprint_from_gpu_props({"name": "NVIDIA H200", "major": 9, "minor": 0, "multi_processor_count": 132})
     q, k = torch.empty(3, 8, 1, 40), torch.empty(3, 2, 777, 40)
     decode = TuneKey.from_problem(problem_from_tensors(q, k, k, causal=True), h200)
-    assert "CUDA graphs" in _timing_note(decode) and "last split combines" in _timing_note(decode)
+    assert "CUDA graphs" in _timing_note(decode) and "last split combines" in _timing_note(decode) \
+        and "EAGER_FUSE_MAX_BYTES" in _timing_note(decode)
     prefill = TuneKey.from_problem(problem_from_tensors(torch.empty(3, 8, 17, 40), k, k), h200)
     assert "held out" in _timing_note(prefill)
     cpu = TuneKey.from_problem(problem_from_tensors(q, k, k), device_fingerprint("cpu"))
