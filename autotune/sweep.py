@@ -18,6 +18,9 @@ variant — is a failed trial with the reason, never a crash of the tuner. Trial
 optuna user attributes (``status``, ``reason``, ``max_error``, ``measured``), so a resumed run counts
 the measured ones against the budget and never repeats them.
 
+The budget (``--trials``) counts the configs of the tunable variants (Triton kernels); each fixed variant
+(one config: the SDPA backends, eager, flex) is measured once on top of it (:meth:`SearchSpace.fixed_count`).
+
 Shapes are runtime arguments of every kernel: one compiled Triton kernel serves all keys of a
 (dtype, head_dim, constexpr config) — the tuner passes shapes as tensors and never forces a recompile.
 """
@@ -210,7 +213,9 @@ class KeyTuner:
             )
             return KeyResult(key=self.key, status="no-winner", reason=f"no candidate variant ({reasons})")
         seed = key_seed(self.key.key_id, self.opt.seed)
-        budget = max(1, self.opt.trials)
+        # the trial budget is for the tunable variants' configs; each fixed variant (one config) is
+        # measured once on top of it (SearchSpace.fixed_count)
+        budget = max(1, self.opt.trials) + space.fixed_count()
         grid_n = space.grid_size(budget)
         with warnings.catch_warnings():  # multivariate/group are "experimental" in optuna: say it once here
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

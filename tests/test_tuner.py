@@ -17,7 +17,7 @@ from attntune.autotune import gate
 from attntune.autotune import claims
 from attntune.autotune.runner import run_tuning, run_worker, tune, tune_one
 from attntune.autotune.shapes import ShapeSpecError, parse_shape
-from attntune.autotune.space import config_id
+from attntune.autotune.space import SearchSpace, config_id
 from attntune.autotune.study import default_storage_url
 from attntune.autotune.sweep import SweepOptions
 from attntune.autotune.suites import SUITES, materialize
@@ -319,10 +319,10 @@ def test_large_space_uses_tpe_prunes_invalid_configs_and_never_measures_twice(
     store = CacheStore(tmp_path / "c.db")
     p = prob()
     [rec] = tune([p], cache=store, trials=10, timing=QUICK)
-    assert rec.trials == 10
+    assert rec.trials == 11  # the budget is for the tunable variant; the fixed sdpa_default is on top
     rows = store.trials(key_of(p).key_id)
     measured = [r for r in rows if r["status"] != "pruned" or (r["reason"] or "").startswith("early stop")]
-    assert len(measured) == 10
+    assert len(measured) == 11 and sum(r["variant"] == "t_tunable" for r in measured) == 10
     ids = [config_id(r["variant"], json.loads(r["config_json"])) for r in measured]
     assert len(set(ids)) == len(ids)
     for r in rows:
@@ -650,7 +650,10 @@ def test_tune_one_for_the_online_policy(tmp_path):
     store = CacheStore(tmp_path / "c.db")
     p = prob(sq=40, skv=40)
     rec = tune_one(p, store, trials=3, time_limit=30)
-    assert rec is not None and rec.key == key_of(p) and rec.trials == 3
+    # the CPU's candidates are all fixed (one config each): measured once each, on top of the 3 trials
+    space = SearchSpace(p)
+    assert space.fixed_count() == len(space.candidates) == space.grid_size(100)
+    assert rec is not None and rec.key == key_of(p) and rec.trials == len(space.candidates)
     assert judge(record_to_row(rec), "x").status == "valid"
     assert judge(store.raw_winner(rec.key_id), "user").record == rec
     assert tune_one(p, store, trials=3, time_limit=30) == rec  # already tuned: returned, not re-measured

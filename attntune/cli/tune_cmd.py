@@ -171,7 +171,9 @@ def tune(
         "next to the cache); open it with optuna-dashboard. 'memory': none.",
     ),
     trials: Optional[int] = typer.Option(
-        None, "--trials", min=1, help="Measured trials per key (default 24 on a GPU, 12 on the CPU)."
+        None, "--trials", min=1,
+        help="Measured configs per key of the tunable (Triton) variants (default 24 on a GPU, 12 on the CPU); "
+        "each fixed variant (SDPA backends, eager, flex) is measured once on top.",
     ),
     time_limit: Optional[float] = typer.Option(
         None,
