@@ -243,6 +243,68 @@ class GcMeter:
                 "live_objects": len(gc.get_objects())}
 
 
+class RunMeter:
+    """What the host and the GPU were doing during one timed run, to tell a slow *state* of the machine
+    from a slow implementation (identical runs here differ by up to 1.9x, a whole run at a time):
+
+    * ``cpu_s`` / ``wall_s`` — this process's CPU time (all threads) and wall time: a preempted or
+      throttled host shows as less CPU per wall second, or as more CPU for the same work;
+    * ``vcsw`` / ``ivcsw`` — voluntary and involuntary context switches (``getrusage``): involuntary ones
+      are the scheduler taking the core away;
+    * ``sm_mhz`` — the GPU's SM clock sampled every ``period`` s by a thread through NVML (min, median,
+      max; absent without ``pynvml``): ``generate`` waits for the device every step, so a GPU that clocked
+      down lengthens the step even where the host sets the pace."""
+
+    def __init__(self, device, period: float = 0.1):
+        self.period = period
+        self.samples = []
+        self._stop = None
+        self._nvml = None
+        if device.type == "cuda":
+            try:  # NVML is optional: without it the clocks are simply not recorded
+                import pynvml
+
+                pynvml.nvmlInit()
+                idx = device.index if device.index is not None else torch.cuda.current_device()
+                self._nvml = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(idx))
+            except Exception:  # noqa: BLE001
+                self._nvml = None
+
+    def _sample(self):
+        nv, h = self._nvml
+        while not self._stop.wait(self.period):
+            try:
+                self.samples.append(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            except Exception:  # noqa: BLE001
+                return
+
+    def __enter__(self):
+        import resource
+        import threading
+
+        self._ru = resource.getrusage(resource.RUSAGE_SELF)
+        self._t = (time.perf_counter(), time.process_time())
+        if self._nvml is not None:
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        import resource
+
+        wall, cpu = time.perf_counter() - self._t[0], time.process_time() - self._t[1]
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join()
+        self.result = {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4),
+                       "vcsw": ru.ru_nvcsw - self._ru.ru_nvcsw, "ivcsw": ru.ru_nivcsw - self._ru.ru_nivcsw}
+        if self.samples:
+            xs = sorted(self.samples)
+            self.result["sm_mhz"] = [xs[0], xs[len(xs) // 2], xs[-1]]
+
+
 def generate(model, ids, mask, new_tokens, cache, compile_ok=False, clock=None):
     kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0,
           "disable_compile": not compile_ok}
@@ -361,11 +423,13 @@ def run_case(models, kind, cache, batch, prompt, args, device, vocab, compile_ok
             if "error" in per[impl]:
                 continue
             try:
-                clock = StepClock()
-                t, out = _timed(functools.partial(generate, models[impl], ids, mask, n, cache, compile_ok, clock),
-                                device)
+                clock, meter = StepClock(), RunMeter(device)
+                with meter:
+                    t, out = _timed(functools.partial(generate, models[impl], ids, mask, n, cache, compile_ok,
+                                                      clock), device)
                 per[impl]["runs_s"].append(t)
                 per[impl].setdefault("step_us", []).append(clock.step_us())
+                per[impl].setdefault("meter", []).append(meter.result)
                 tokens[impl] = out[:, prompt:].cpu()
                 del out
                 if args.prefill_split and not compile_ok:
@@ -445,17 +509,18 @@ def child_main(spec: dict) -> None:
         res["warmup_s"] = t
         del out
         res["cpu"] = cpu_state()
-        runs, toks, steps, gcs = [], None, [], []
+        runs, toks, steps, gcs, meters = [], None, [], [], []
         for _ in range(spec["repeats"]):
-            clock, gcm = StepClock(), GcMeter()
-            with gcm:
+            clock, gcm, meter = StepClock(), GcMeter(), RunMeter(device)
+            with gcm, meter:
                 t, out = _timed(lambda: generate(model, ids, mask, n, cache, clock=clock), device)
             runs.append(t)
             steps.append(clock.step_us())
             gcs.append(gcm.summary())
+            meters.append(meter.result)
             toks = out[:, prompt:].cpu()
             del out
-        res["runs_s"], res["step_us"], res["gc"] = runs, steps, gcs
+        res["runs_s"], res["step_us"], res["gc"], res["meter"] = runs, steps, gcs, meters
         if spec.get("profile_last"):  # where the host time of a run goes: one more run, not in the timings
             import cProfile
             import io

@@ -5,6 +5,7 @@ writes the JSON layout the GPU run will write."""
 from __future__ import annotations
 
 import json
+import time
 import math
 import os
 import subprocess
@@ -55,6 +56,10 @@ def test_bench_generate_smoke(tmp_path):
             _no_error(f"{where}/{impl}", r)
             assert len(r["runs_s"]) == 1 and _finite(r["tok_s"]) and r["tok_s"] > 0, (where, impl, r)
             assert _finite(r["median_s"]) and r["min_s"] <= r["median_s"] <= r["max_s"]
+            # the run's host meter: CPU and wall time, context switches (no GPU clocks on the CPU)
+            (m,) = r["meter"]
+            assert m["wall_s"] > 0 and m["cpu_s"] > 0 and m["vcsw"] >= 0 and m["ivcsw"] >= 0
+            assert "sm_mhz" not in m
         assert _finite(c["ratio"]) and c["ratio"] > 0, where
         # 4 new tokens: 3 gaps between the per-token stamps, a median step per run
         assert all(_finite(c["impls"][i]["step_us_median"]) for i in IMPLS), where
@@ -68,6 +73,7 @@ def test_bench_generate_smoke(tmp_path):
         r = fresh["impls"][impl]
         _no_error(f"fresh/{impl}", r)
         assert _finite(r["tok_s"]) and _finite(r["long_prefill_s"]) and len(r["runs_s"]) == 1
+        assert len(r["meter"]) == 1 and r["meter"][0]["cpu_s"] > 0
     assert _finite(fresh["ratio"]) and 0.0 <= fresh["tokens_equal_frac"] <= 1.0
     # the CPUs each process ran on (auto pinning leaves a small machine unpinned: children see the parent's)
     assert doc["cpu"]["cpus"] and all(fresh["impls"][i]["cpu"]["cpus"] == doc["cpu"]["cpus"] for i in IMPLS)
@@ -128,3 +134,30 @@ def test_parse_cpus_pins_only_where_asked_and_available():
         bg.parse_cpus("3,40", range(16))
     with pytest.raises(SystemExit, match="--cpus"):
         bg.parse_cpus("fast", range(16))
+
+
+def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch):
+    """With NVML present the meter samples the SM clock on a thread while the run lasts."""
+    import threading
+    import types
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_generate
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    clocks = iter([1980, 1200, 1755, 1980, 990] + [1500] * 1000)
+    fake = types.SimpleNamespace(NVML_CLOCK_SM=1, nvmlInit=lambda: None,
+                                 nvmlDeviceGetHandleByIndex=lambda i: ("h", i),
+                                 nvmlDeviceGetClockInfo=lambda h, kind: next(clocks))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    import torch
+
+    meter = bench_generate.RunMeter(torch.device("cuda", 0), period=0.001)
+    done, t_end = threading.Event(), time.monotonic() + 30
+    with meter:
+        while len(meter.samples) < 5 and time.monotonic() < t_end:
+            done.wait(0.001)
+    lo, mid, hi = meter.result["sm_mhz"]
+    assert lo <= mid <= hi and lo in (990, 1200, 1500) and hi == 1980
+    assert meter.result["wall_s"] > 0
