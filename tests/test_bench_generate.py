@@ -5,11 +5,11 @@ writes the JSON layout the GPU run will write."""
 from __future__ import annotations
 
 import json
-import time
 import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
