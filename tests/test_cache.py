@@ -5,7 +5,6 @@ import sqlite3
 import warnings
 
 import pytest
-import torch
 
 from attntune.cache import CacheStore, LayeredCache, WinnerRecord, judge, utcnow
 from attntune.cache import layered as layered_mod

@@ -5,7 +5,6 @@ on this host is taken at once."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sqlite3
@@ -21,7 +20,6 @@ import torch
 import attntune
 from attntune.autotune import claims
 from attntune.cache import CacheStore, LayeredCache, WinnerRecord, utcnow
-from attntune.cache.schema import Claim
 from attntune.device import device_fingerprint, software_fingerprint
 from attntune.key import TuneKey
 from attntune.kernels import registry
