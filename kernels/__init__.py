@@ -8,36 +8,54 @@ registered. A module that cannot be imported (e.g. Triton missing) is recorded i
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from typing import Dict
 
-from attntune.kernels import registry
-from attntune.kernels.base import Config, Param, Space, Variant
-from attntune.kernels.reference import reference_attention
+if __name__ != "attntune.kernels":
+    # This directory was imported as a top-level package named ``kernels``: the repository root is on
+    # sys.path (``python -m ...`` or a script run from the root) and shadows the installed distribution
+    # of that name — Hugging Face's kernel hub, which transformers >= 5.25 imports. Hand the import to the
+    # installed package (searched on sys.path without the root), so that neither breaks.
+    from importlib.machinery import PathFinder
 
-VARIANT_MODULES = (
-    "attntune.kernels.eager",
-    "attntune.kernels.sdpa",
-    "attntune.kernels.triton_flash_variant",
-    "attntune.kernels.triton_local_variant",
-    "attntune.kernels.triton_decode_variant",
-    "attntune.kernels.nystrom",
-    "attntune.kernels.flex",
-)
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _spec = PathFinder.find_spec(__name__, [p for p in sys.path if os.path.abspath(p or os.curdir) != _root])
+    if _spec is None or _spec.loader is None:
+        raise ImportError(f"{__name__!r} here is attntune's source directory {os.path.dirname(__file__)} "
+                          "(import it as attntune.kernels); no other package of that name is installed",
+                          name=__name__)
+    _mod = importlib.util.module_from_spec(_spec)
+    sys.modules[__name__] = _mod  # the import statement returns what sys.modules holds after this module runs
+    _spec.loader.exec_module(_mod)
+else:
+    from attntune.kernels import registry
+    from attntune.kernels.base import Config, Param, Space, Variant
+    from attntune.kernels.reference import reference_attention
 
-UNAVAILABLE: Dict[str, str] = {}
+    VARIANT_MODULES = (
+        "attntune.kernels.eager",
+        "attntune.kernels.sdpa",
+        "attntune.kernels.triton_flash_variant",
+        "attntune.kernels.triton_local_variant",
+        "attntune.kernels.triton_decode_variant",
+        "attntune.kernels.nystrom",
+        "attntune.kernels.flex",
+    )
 
+    UNAVAILABLE: Dict[str, str] = {}
 
-def _load() -> None:
-    for mod in VARIANT_MODULES:
-        try:
-            m = importlib.import_module(mod)
-        except Exception as e:  # noqa: BLE001 — an optional backend must not break the package
-            UNAVAILABLE[mod] = f"{type(e).__name__}: {e}"
-            continue
-        for v in m.VARIANTS:
-            registry.register(v)
+    def _load() -> None:
+        for mod in VARIANT_MODULES:
+            try:
+                m = importlib.import_module(mod)
+            except Exception as e:  # noqa: BLE001 — an optional backend must not break the package
+                UNAVAILABLE[mod] = f"{type(e).__name__}: {e}"
+                continue
+            for v in m.VARIANTS:
+                registry.register(v)
 
+    _load()
 
-_load()
-
-__all__ = ["registry", "Config", "Param", "Space", "Variant", "reference_attention", "UNAVAILABLE"]
+    __all__ = ["registry", "Config", "Param", "Space", "Variant", "reference_attention", "UNAVAILABLE"]
