@@ -284,8 +284,9 @@ def main(argv=None):
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="combine these runs into --out (no timing)")
     args = ap.parse_args(argv)
     if args.merge:
-        Path(args.out).write_text(json.dumps(merge(args.merge), indent=1, default=str))
-        print(json.dumps(json.loads(Path(args.out).read_text())["summary"], indent=1))
+        doc = merge(args.merge)
+        Path(args.out).write_text(json.dumps(doc, indent=1, default=str))
+        print(json.dumps(doc["summary"], indent=1, default=str))
         return
     device = default_device()
     t_start = time.time()
