@@ -7,8 +7,9 @@ computed (every kernel is correct for any shape under any valid config).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -133,3 +134,9 @@ class TuneKey(BaseModel):
         if self.approx:
             s += " approx"
         return s + f" {self.mode}"
+
+
+def config_key(config: Any) -> str:
+    """The identity of a launch config (its dict form): canonical JSON, keys sorted. What the cache
+    stores, what "tried already" and plan equality compare — one definition for all of them."""
+    return json.dumps(config, sort_keys=True, default=str)

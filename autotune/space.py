@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from attntune.device import software_fingerprint
+from attntune.key import config_key
 from attntune.kernels import registry
 from attntune.kernels.base import Config, Space, Variant
 from attntune.problem import AttentionProblem
@@ -28,7 +29,7 @@ VARIANT_PARAM = "variant"
 
 def config_id(variant: str, config: Config) -> str:
     """A canonical string for one (variant, config): what "tried already" compares."""
-    return variant + json.dumps(config, sort_keys=True, default=str)
+    return variant + config_key(config)
 
 
 @dataclass(frozen=True)

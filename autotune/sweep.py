@@ -53,7 +53,7 @@ from attntune.cache.models import WinnerRecord, judge, utcnow
 from attntune.cache.store import CacheStore
 from attntune.device import software_fingerprint
 from attntune.kernels import registry
-from attntune.key import TuneKey
+from attntune.key import TuneKey, config_key
 
 #: torch's own SDPA backend choice: what a user gets without attntune; every record carries its time.
 BASELINE = "sdpa_default"
@@ -354,7 +354,7 @@ class KeyTuner:
     def _tell(self, study: optuna.Study, trial, outcome: Outcome, name: str, cfg: dict) -> None:
         attrs = {
             "variant": name,
-            "config": json.dumps(cfg, sort_keys=True, default=str),
+            "config": config_key(cfg),
             "status": outcome.status,
             "reason": outcome.reason,
             "max_error": outcome.max_error,

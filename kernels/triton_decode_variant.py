@@ -9,15 +9,15 @@ top-left problem runs only where it is the same mask). Its tunables: ``BLOCK_N``
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from typing import List, Optional
 
 import torch
 
-from attntune.kernels.base import Config, Param, Space, Variant
-from attntune.kernels.triton_decode.launch import (MAX_SPLITS, SMEM_BLOCK_BUDGET, DecodeConfig, block_d, block_m,
-                                                   keys_per_program, kv_smem_bytes, prepare_decode)
+from attntune.kernels.base import Config, Space, Variant
+from attntune.kernels.launch_config import cached_parser
+from attntune.kernels.triton_common import block_d, device_reasons, dot_precision
+from attntune.kernels.triton_decode.launch import (SMEM_BLOCK_BUDGET, DecodeConfig, block_m, keys_per_program,
+                                                   kv_smem_bytes, prepare_decode)
 from attntune.tolerances import tf32_allowed
 from attntune.problem import AttentionProblem
 
@@ -38,10 +38,6 @@ MAX_HEAD_DIM = 256
 MAX_REGS_PER_THREAD = 192
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 class TritonDecodeVariant(Variant):
     name = "triton_decode"
     family = "triton"
@@ -51,6 +47,8 @@ class TritonDecodeVariant(Variant):
     # space() reads head dims, the GQA group, Sq (exact in its bucket up to 16) and dtype only
     space_depends_on_lengths = False
     source_modules = (
+        "attntune.kernels.launch_config",
+        "attntune.kernels.triton_common",
         "attntune.kernels.triton_launch",
         "attntune.kernels.triton_decode.jit",
         "attntune.kernels.triton_decode.launch",
@@ -59,22 +57,17 @@ class TritonDecodeVariant(Variant):
     )
 
     def __init__(self) -> None:
-        self._configs = {}  # (BLOCK_N, num_splits, num_warps, num_stages) -> DecodeConfig
+        self._config = cached_parser(DecodeConfig)  # stored dict -> DecodeConfig, once per distinct dict
         self._single = {}   # DecodeConfig -> the same with num_splits 1
 
     def _one_split(self, cfg: DecodeConfig) -> DecodeConfig:
         one = self._single.get(cfg)
         if one is None:
-            one = self._single.setdefault(cfg, dataclasses.replace(cfg, num_splits=1))
+            one = self._single.setdefault(cfg, cfg.replace(num_splits=1))
         return one
 
     def supports(self, problem: AttentionProblem) -> List[str]:
-        reasons = []
-        if problem.device_type == "cpu":
-            if not _interpreted():
-                reasons.append("needs a CUDA/ROCm device (or TRITON_INTERPRET=1 on the CPU)")
-        elif problem.device_type != "cuda":
-            reasons.append(f"needs a CUDA/ROCm device, not {problem.device_type}")
+        reasons = device_reasons(problem)
         if problem.seqlen_q > MAX_SEQLEN_Q:
             reasons.append(f"seqlen_q {problem.seqlen_q} > {MAX_SEQLEN_Q} (a decode kernel; use prefill)")
         if problem.mode == "fwd_bwd":
@@ -83,8 +76,6 @@ class TritonDecodeVariant(Variant):
             reasons.append(f"head_dim {problem.head_dim} > {MAX_HEAD_DIM}")
         if problem.head_dim != problem.head_dim_v:
             reasons.append(f"head_dim_v {problem.head_dim_v} != head_dim {problem.head_dim}")
-        if problem.dtype == "float64":
-            reasons.append("float64 not supported (tl.dot has no fp64 path)")
         if (problem.causal or problem.window is not None) and problem.causal_align == "top_left":
             # The kernel's diagonal (causal and window alike) is the last Sq positions of each sequence
             # (bottom-right). Top-left gives the same mask only when it puts row 0 at key 0 too: Sq == Skv
@@ -98,9 +89,9 @@ class TritonDecodeVariant(Variant):
         bm = block_m(problem.group, max(1, problem.seqlen_q), bd)
         itemsize = problem.torch_dtype.itemsize
 
-        def constraint(cfg: Config) -> List[str]:
+        def constraint(cfg: DecodeConfig) -> List[str]:
             out = []
-            n, w, st = cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]
+            n, w, st = cfg.BLOCK_N, cfg.num_warps, cfg.num_stages
             # auto stages (0) resolve to 3 only when 3 fit the budget, else 2
             smem = kv_smem_bytes(st or 2, n, bd, bd, itemsize)
             if smem > SMEM_BLOCK_BUDGET:
@@ -115,28 +106,12 @@ class TritonDecodeVariant(Variant):
 
         # Measured on H200 (benchmarks/results/decode_h200.json, "sweep"): BLOCK_N 64 with auto splits and
         # stages is within 5% of the best of 84 swept configs on each of 8 decode shapes, B=1 to B=64.
-        default = {"BLOCK_N": 64, "num_splits": 0, "num_warps": 4, "num_stages": 0}
+        default = DecodeConfig()
         if constraint(default):  # e.g. 128 rows x 256 dims: more warps
-            default = {"BLOCK_N": 32, "num_splits": 0, "num_warps": 8, "num_stages": 0}
-        return Space(
-            params=(
-                Param("BLOCK_N", (16, 32, 64, 128, 256)),
-                # 0 = auto: from the actual call's shape and the SM count (robust across a tune bucket)
-                Param("num_splits", (0, 1, 2, 4, 8, 16, 32, MAX_SPLITS)),
-                Param("num_warps", (1, 2, 4, 8)),
-                # 0 = auto: 3 when all programs stay resident with 3, else 2 (see launch.auto_num_stages)
-                Param("num_stages", (0, 1, 2, 3, 4)),
-            ),
-            constraint=constraint,
-            default=default,
-        )
-
-    def _config(self, config: Config) -> DecodeConfig:
-        key = (config.get("BLOCK_N"), config.get("num_splits"), config.get("num_warps"), config.get("num_stages"))
-        cfg = self._configs.get(key)
-        if cfg is None:
-            cfg = self._configs.setdefault(key, DecodeConfig.from_dict(config))
-        return cfg
+            default = DecodeConfig(BLOCK_N=32, num_warps=8)
+        # the knobs' domains are DecodeConfig's: 0 = auto for splits (from the actual call's shape and the
+        # SM count: robust across a tune bucket) and stages (3 when all programs stay resident, else 2)
+        return DecodeConfig.space(default, constraint, rocm=False)
 
     def eager_config(self, cfg: DecodeConfig, seqlen_q: int, seqlen_kv: int, window, bytes_per_key: int,
                      cuda: bool) -> DecodeConfig:
@@ -222,8 +197,8 @@ class BoundDecode:
         if launch is not None:
             launch = launch.with_length(k.shape[2]) if launch.cfg is cfg else None
         if launch is None:
-            launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, cfg,
-                                    "tf32" if tf32 else "ieee", self.window)
+            launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, cfg, dot_precision(q.dtype),
+                                    self.window)
         if len(self.launches) >= MAX_LAUNCHES:  # a long decode loop: one layout per length ever seen
             self.launches.clear()
             self.last.clear()

@@ -8,14 +8,13 @@ frozen and hashable, so the problem itself is the dict key).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Literal, Optional, Tuple
 
 import torch
 
 from attntune.kernels.base import Variant
-from attntune.key import TuneKey
+from attntune.key import TuneKey, config_key
 from attntune.problem import AttentionProblem
 
 #: where a plan came from:
@@ -59,7 +58,7 @@ class Plan:
 
     @property
     def config_json(self) -> str:
-        return json.dumps(self.config, sort_keys=True)
+        return config_key(self.config)
 
     @property
     def key_id(self) -> Optional[str]:

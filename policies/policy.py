@@ -17,7 +17,6 @@ must not be quarantined (it failed earlier in this process).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -25,7 +24,7 @@ from attntune.cache import WinnerRecord
 from attntune.cache.layered import warn_once
 from attntune.kernels import registry
 from attntune.kernels.masks import needs_mask
-from attntune.key import TuneKey
+from attntune.key import TuneKey, config_key
 from attntune.policies.config import LOG, RuntimeConfig
 from attntune.policies.index import MAX_NEAREST_DISTANCE, CacheIndex
 from attntune.policies.plan import Plan
@@ -97,7 +96,7 @@ Quarantine = Set[Tuple[str, str]]
 
 
 def _cfg_json(config) -> str:
-    return json.dumps(config, sort_keys=True)
+    return config_key(config)
 
 
 def _config_reasons(variant, problem: AttentionProblem, config) -> List[str]:

@@ -16,7 +16,8 @@ from attntune.kernels import registry
 from attntune.kernels.reference import masked_softmax_attention
 from attntune.kernels.triton_flash import launch
 from attntune.kernels.triton_flash.op import flash_attention
-from attntune.kernels.triton_flash.space import FWD_CHOICES, flash_space
+from attntune.kernels.triton_flash.config import FlashFwdConfig
+from attntune.kernels.triton_flash.space import flash_space
 from helpers import assert_close
 
 from attntune.problem import problem_from_tensors
@@ -296,10 +297,11 @@ def test_variants_registered_with_reasons(monkeypatch):
     assert any("head_dim_v" in r for r in flash.supports(_problem().model_copy(update={"head_dim_v": 16})))
     assert any("float64" in r for r in flash.supports(_problem().model_copy(update={"dtype": "float64"})))
     assert flash.supports(_problem().model_copy(update={"approx": True})) == []
-    from attntune.kernels.triton_flash import variant as variant_mod
+    from attntune.kernels import triton_common
 
-    monkeypatch.setattr(variant_mod, "HAS_TRITON", False)
-    assert any("triton" in r for r in flash.supports(_problem()))
+    monkeypatch.setattr(triton_common, "HAS_TRITON", False)  # both Triton ops' device reasons read it
+    assert any("triton is not installed" in r for r in flash.supports(_problem()))
+    assert any("triton is not installed" in r for r in registry.get("triton_decode").supports(_problem()))
     monkeypatch.undo()
     if not HAS_GPU:
         monkeypatch.delenv("TRITON_INTERPRET")
@@ -374,7 +376,7 @@ def test_declared_space_configs_are_valid(shape, kw):
     bwd_cfgs = sorted({tuple((n, c[n]) for n in c if n.startswith("BWD")) for c in space.grid()})
     if not HAS_GPU:
         fwd_cfgs, bwd_cfgs = _sample(fwd_cfgs, 6), _sample(bwd_cfgs, 4)
-    assert set(FWD_CHOICES) <= set(fwd_cfgs[0])
+    assert set(FlashFwdConfig.names()) <= set(fwd_cfgs[0])
     for cfg in fwd_cfgs:
         check(q, k, v, config=cfg, grad=False, **kw)
     for bcfg in bwd_cfgs:

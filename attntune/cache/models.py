@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Literal, Optional, Protocol
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from attntune.device import SoftwareFingerprint, software_fingerprint
-from attntune.key import TuneKey
+from attntune.key import TuneKey, config_key
 
 
 def utcnow() -> datetime:
@@ -124,13 +124,13 @@ def record_to_row(rec: WinnerRecord) -> Dict[str, Any]:
         "dtype": rec.key.dtype,
         "mode": rec.key.mode,
         "variant": rec.variant,
-        "config_json": json.dumps(rec.config, sort_keys=True),
+        "config_json": config_key(rec.config),
         "median_ms": rec.median_ms,
         "tflops": rec.tflops,
         "tbps": rec.tbps,
         "runner_up": rec.runner_up,
         # ``is not None``: an empty config ({} — a variant without parameters) must round-trip as {}.
-        "runner_up_config_json": (json.dumps(rec.runner_up_config, sort_keys=True)
+        "runner_up_config_json": (config_key(rec.runner_up_config)
                                   if rec.runner_up_config is not None else None),
         "runner_up_ms": rec.runner_up_ms,
         "sdpa_default_ms": rec.sdpa_default_ms,

@@ -5,7 +5,6 @@ Reads return raw column dicts; :func:`attntune.cache.models.judge` decides wheth
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.parse
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ from sqlalchemy.types import NullType
 from attntune.cache.models import WinnerRecord, record_to_row, utcnow
 from attntune.cache.retry import retry_locked
 from attntune.cache.schema import SCHEMA_VERSION, Base, Claim, Meta, Miss, Trial, Winner
-from attntune.key import TuneKey
+from attntune.key import TuneKey, config_key
 
 #: how long the CLI and the tuner wait for a locked SQLite cache (the runtime waits far less:
 #: ``ATTNTUNE_CACHE_TIMEOUT``, see :mod:`attntune.policies.config`)
@@ -320,7 +319,7 @@ class CacheStore:
         with self.session() as s:
             s.execute(delete(Trial).where(Trial.key_id == key_id))
             for t in trials:
-                s.add(Trial(key_id=key_id, variant=t["variant"], config_json=json.dumps(t.get("config", {}), sort_keys=True),
+                s.add(Trial(key_id=key_id, variant=t["variant"], config_json=config_key(t.get("config", {})),
                             status=t["status"], reason=t.get("reason"), median_ms=t.get("median_ms"),
                             max_error=t.get("max_error"), created_at=now))
             s.commit()

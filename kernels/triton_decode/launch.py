@@ -16,14 +16,13 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
+from attntune.kernels.launch_config import LaunchConfig, at_least, knob, pow2_at_least, warps_valid
+from attntune.kernels.triton_common import LOG2E, MIN_BLOCK, ON_ROCM, block_d, next_pow2
 from attntune.kernels.triton_decode.jit import decode_reduce_kernel, decode_split_kernel
 from attntune.kernels.triton_launch import FastKernel, int_class
 from attntune.problem import canonical_mask, validate_window
 
-LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
-#: the smallest M of a tensor-core tile (``tl.dot`` needs M, N, K >= 16)
-MIN_BLOCK = 16
 #: the fewest keys "auto" gives one split: below this a program's fixed cost (loading Q, writing a
 #: partial row per query row) outweighs the bandwidth it adds (H200: 8 splits of 128 keys beat 4 of 256
 #: at B=1, KV=1024)
@@ -37,46 +36,24 @@ SMEM_BLOCK_BUDGET = 160 * 1024
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 @dataclass(frozen=True)
-class DecodeConfig:
-    """Launch parameters. ``num_splits == 0`` / ``num_stages == 0`` mean "auto": chosen per call from the
-    shape and the device (:func:`auto_num_splits`, :func:`auto_num_stages`)."""
+class DecodeConfig(LaunchConfig):
+    """The decode op's launch config (:mod:`attntune.kernels.launch_config`). ``num_splits == 0`` /
+    ``num_stages == 0`` mean "auto": chosen per call from the shape and the device
+    (:func:`auto_num_splits`, :func:`auto_num_stages`); a dict may spell them ``"auto"`` or None."""
 
-    BLOCK_N: int = 64
-    num_splits: int = 0
-    num_warps: int = 4
-    num_stages: int = 0
+    BLOCK_N: int = knob(64, (16, 32, 64, 128, 256), "keys per tile", valid=pow2_at_least(MIN_BLOCK))
+    num_splits: int = knob(0, (0, 1, 2, 4, 8, 16, 32, MAX_SPLITS), "splits of the key axis (0 = auto)",
+                           valid=lambda v: None if 0 <= v <= MAX_SPLITS else f"must be in [0, {MAX_SPLITS}] (0 = auto)")
+    num_warps: int = knob(4, (1, 2, 4, 8), "warps per program", valid=warps_valid)
+    num_stages: int = knob(0, (0, 1, 2, 3, 4), "software-pipeline stages of the K/V loads (0 = auto)",
+                           valid=at_least(0, " (0 = auto)"))
 
     @classmethod
-    def from_dict(cls, cfg: Optional[dict]) -> "DecodeConfig":
-        if not cfg:
-            return _DEFAULT
-        unknown = set(cfg) - {"BLOCK_N", "num_splits", "num_warps", "num_stages"}
-        if unknown:
-            raise ValueError(f"config: unknown keys {sorted(unknown)}")
-        c = cls(**{k: (0 if (k in ("num_splits", "num_stages") and cfg[k] in ("auto", None)) else int(cfg[k]))
-                   for k in cfg})
-        if c.BLOCK_N < MIN_BLOCK or c.BLOCK_N & (c.BLOCK_N - 1):
-            raise ValueError(f"config: BLOCK_N must be a power of two >= {MIN_BLOCK}, got {c.BLOCK_N}")
-        if not 0 <= c.num_splits <= MAX_SPLITS:
-            raise ValueError(f"config: num_splits must be in [0, {MAX_SPLITS}] (0 = auto), got {c.num_splits}")
-        if c.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"config: num_warps must be 1, 2, 4, 8 or 16, got {c.num_warps}")
-        if c.num_stages < 0:
-            raise ValueError(f"config: num_stages must be >= 0 (0 = auto), got {c.num_stages}")
-        return c
-
-
-_DEFAULT = DecodeConfig()
-
-
-def block_d(d: int) -> int:
-    """Head dim padded to a power of two (>= 16); the padding lanes are masked."""
-    return max(MIN_BLOCK, next_pow2(d))
+    def coerce(cls, name: str, value):
+        if name in ("num_splits", "num_stages") and value in ("auto", None):
+            return 0
+        return super().coerce(name, value)
 
 
 def block_m(group: int, seqlen_q: int, d: int) -> int:
@@ -369,7 +346,7 @@ EAGER_FUSE_MAX_BYTES = 48 << 20
 #: scope, then ``.cg`` loads of the other programs' partials) is tested on NVIDIA only, and MI300's
 #: per-XCD L2s make "reads bypass L1" a weaker promise there. Untested on AMD hardware either way.
 FUSE_ON_ROCM = False
-_ROCM = torch.version.hip is not None
+_ROCM = ON_ROCM
 
 
 def _semaphores(n: int, device: torch.device, key: Optional[Tuple[int, int]]) -> torch.Tensor:

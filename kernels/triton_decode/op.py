@@ -6,7 +6,10 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from attntune.kernels.launch_config import typed
 from attntune.kernels.triton_decode.launch import DecodeConfig, check_decode_args, check_window, launch_decode
+
+_DEFAULT = DecodeConfig()
 from attntune.tolerances import tf32_allowed
 
 
@@ -66,7 +69,7 @@ def decode_attention(
     """
     check_decode_args(q, k_cache, v_cache, kv_lens)
     window = check_window(window)
-    cfg = config if isinstance(config, DecodeConfig) else DecodeConfig.from_dict(config)
+    cfg = typed(DecodeConfig, config, _DEFAULT)
     B, Hq, Sq, _ = q.shape
     shape = (B, Hq, Sq, v_cache.shape[3])
     if out is None:

@@ -5,44 +5,27 @@ work without copies. Shapes (``Hq % Hkv == 0``):
 
     q [B, Hq, Sq, D]   k [B, Hkv, Skv, D]   v [B, Hkv, Skv, D]   ->   o [B, Hq, Sq, D], lse [B, Hq, Sq] fp32
 
-Launch configs are plain dicts: forward ``BLOCK_M, BLOCK_N, num_warps, num_stages``; backward
-``BWD_BLOCK_M`` (rows streamed by the dK/dV kernel, keys streamed by the dQ kernel), ``BWD_BLOCK_N``
-(keys resident in the dK/dV kernel, rows resident in the dQ kernel), ``BWD_WARPS, BWD_STAGES``; on ROCm
-optionally ``waves_per_eu`` and ``matrix_instr_nonkdim`` (passed through to Triton's HIP backend).
+Launch configs are typed (:mod:`attntune.kernels.triton_flash.config`): :func:`forward` takes a
+:class:`FlashFwdConfig`, :func:`backward` a :class:`FlashBwdConfig`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import triton
+from attntune.kernels.triton_common import LOG2E, block_d, dot_precision
 from attntune.kernels.triton_flash import jit_bwd, jit_fwd
-from attntune.kernels.triton_flash.space import block_d
-
-from attntune.tolerances import tf32_allowed
+from attntune.kernels.triton_flash.config import FlashBwdConfig, FlashFwdConfig
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
-_HIP_KEYS = ("waves_per_eu", "matrix_instr_nonkdim")
 
 # Output allocation goes through these two names so that tests can poison every buffer the kernels
 # must fully overwrite (an element left unwritten then shows up as NaN).
 _empty_like = torch.empty_like
 _empty = torch.empty
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """``input_precision`` of every tl.dot: TF32 for fp32 inputs only when torch's float32 matmul
-    precision is not "highest" (DESIGN: fp32 stays exact otherwise). For fp16/bf16 operands the value
-    does not change the arithmetic; "tf32" is the NVIDIA default. ROCm: "ieee" (its default; TF32 is
-    not offered on every gfx arch)."""
-    if torch.version.hip:
-        return "ieee"
-    if dtype == torch.float32 and not tf32_allowed():
-        return "ieee"
-    return "tf32"
 
 
 @dataclass(frozen=True)
@@ -96,16 +79,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"k: heads_q ({Hq}) must be a multiple of heads_kv ({k.shape[1]})")
 
 
-def _launch_opts(config: dict, warps_key: str, stages_key: str) -> dict:
-    opts = {"num_warps": int(config[warps_key]), "num_stages": int(config[stages_key])}
-    for key in _HIP_KEYS:  # ROCm-only knobs (untested: no ROCm machine was available)
-        if key in config:
-            opts[key] = int(config[key])
-    return opts
-
-
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float, config: dict
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float, config: FlashFwdConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """o [B, Hq, Sq, D] (q's dtype, q's layout when dense), lse [B, Hq, Sq] fp32 (natural log)."""
     B, Hq, Sq, D = q.shape
@@ -114,7 +89,7 @@ def forward(
     lse = _empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     if Sq == 0 or B * Hq == 0:
         return o, lse
-    BM, BN, BD = int(config["BLOCK_M"]), int(config["BLOCK_N"]), block_d(D)
+    BM, BN, BD = config.BLOCK_M, config.BLOCK_N, block_d(D)
     grid = (triton.cdiv(Sq, BM) * B * Hq,)
     jit_fwd.flash_fwd_kernel[grid](
         q,
@@ -134,7 +109,7 @@ def forward(
         mask.diag_off,
         mask.win_left,
         mask.win_right,
-        sm_scale * math.log2(math.e),
+        sm_scale * LOG2E,
         BLOCK_M=BM,
         BLOCK_N=BN,
         BLOCK_D=BD,
@@ -142,7 +117,7 @@ def forward(
         HAS_RIGHT=mask.has_right,
         EVEN_D=(BD == D),
         DOT_PREC=dot_precision(q.dtype),
-        **_launch_opts(config, "num_warps", "num_stages"),
+        **config.launch_opts(),
     )
     return o, lse
 
@@ -156,7 +131,7 @@ def backward(
     lse: torch.Tensor,
     mask: MaskArgs,
     sm_scale: float,
-    config: dict,
+    config: FlashBwdConfig,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq [B, Hq, Sq, D], dk/dv [B, Hkv, Skv, D] in the inputs' dtype (fp32 accumulation)."""
     B, Hq, Sq, D = q.shape
@@ -165,14 +140,14 @@ def backward(
     if Sq == 0 or Skv == 0 or B * Hq == 0:  # nothing attended: every gradient is zero
         return dq.zero_(), dk.zero_(), dv.zero_()
     BD = block_d(D)
-    BM, BN = int(config["BWD_BLOCK_M"]), int(config["BWD_BLOCK_N"])
+    BM, BN = config.BWD_BLOCK_M, config.BWD_BLOCK_N
     common = {
         "HAS_LEFT": mask.has_left,
         "HAS_RIGHT": mask.has_right,
         "EVEN_D": (BD == D),
         "DOT_PREC": dot_precision(q.dtype),
     }
-    opts = _launch_opts(config, "BWD_WARPS", "BWD_STAGES")
+    opts = config.launch_opts()
 
     delta = _empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     pre_bm = 64
@@ -180,7 +155,7 @@ def backward(
         o, do, delta, *o.stride(), *do.stride(), Sq, D, Hq, BLOCK_M=pre_bm, BLOCK_D=BD, num_warps=4
     )
 
-    qk_scale = sm_scale * math.log2(math.e)
+    qk_scale = sm_scale * LOG2E
     jit_bwd.bwd_dkdv_kernel[(triton.cdiv(Skv, BN) * B * Hkv,)](
         q,
         k,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any, Optional, Union
+
 import torch
+from attntune.kernels.launch_config import typed
 from attntune.kernels.triton_flash import launch
-from attntune.kernels.triton_flash.space import default_bwd_config, default_fwd_config
+from attntune.kernels.triton_flash.config import (FlashBwdConfig, FlashFwdConfig, FlashTrainConfig,
+                                                  default_bwd_config, default_fwd_config)
 
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask: launch.MaskArgs, sm_scale: float, config: dict, bwd_config: dict):
+    def forward(ctx, q, k, v, mask: launch.MaskArgs, sm_scale: float, config: FlashFwdConfig, bwd_config: Any):
         o, lse = launch.forward(q, k, v, mask, sm_scale, config)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.mask, ctx.sm_scale, ctx.bwd_config = mask, sm_scale, bwd_config
@@ -19,7 +23,9 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = launch.backward(do, q, k, v, o, lse, ctx.mask, ctx.sm_scale, ctx.bwd_config)
+        # parsed here, not in forward: an inference call never pays for its backward config
+        bwd = typed(FlashBwdConfig, ctx.bwd_config, default_bwd_config(q.shape[-1], q.dtype))
+        dq, dk, dv = launch.backward(do, q, k, v, o, lse, ctx.mask, ctx.sm_scale, bwd)
         return dq, dk, dv, None, None, None, None
 
 
@@ -32,8 +38,8 @@ def flash_attention(
     causal_align: str = "bottom_right",
     window: tuple[int, int] | None = None,
     scale: float | None = None,
-    config: dict | None = None,
-    bwd_config: dict | None = None,
+    config: Optional[Union[dict, FlashFwdConfig, FlashTrainConfig]] = None,
+    bwd_config: Optional[Union[dict, FlashBwdConfig]] = None,
     return_lse: bool = False,
 ):
     """Exact softmax attention with Triton flash kernels (forward and backward).
@@ -48,8 +54,12 @@ def flash_attention(
             ``"top_left"`` (torch's ``is_causal``, ``off = 0``).
         window: ``(left, right)`` sliding window; -1 on a side = unbounded; ``None`` = no window.
         scale: softmax scale; ``None`` = ``1 / sqrt(D)``.
-        config: forward launch config ``{BLOCK_M, BLOCK_N, num_warps, num_stages}``; ``None`` = default.
-        bwd_config: backward launch config ``{BWD_BLOCK_M, BWD_BLOCK_N, BWD_WARPS, BWD_STAGES}``.
+        config: forward launch config, a :class:`FlashFwdConfig` or its dict
+            ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` (missing keys: the class defaults); ``None`` = the
+            default for this head dim and dtype. A :class:`FlashTrainConfig` gives both launches.
+        bwd_config: backward launch config, a :class:`FlashBwdConfig` or its dict
+            ``{BWD_BLOCK_M, BWD_BLOCK_N, BWD_WARPS, BWD_STAGES}``; ``None`` = the default (or the
+            backward of a :class:`FlashTrainConfig` ``config``).
         return_lse: also return the log-sum-exp.
 
     Mask semantics (exactly those of :mod:`attntune.problem`): with ``off = Skv - Sq`` for
@@ -76,7 +86,13 @@ def flash_attention(
         # the kernels fold the scale into the running max (max(qk) * scale), valid only for scale >= 0;
         # q * scale == (-q) * |scale| keeps everything else unchanged, and autograd flips dq back
         q, sm_scale = -q, -sm_scale
-    config = config if config is not None else default_fwd_config(D, q.dtype)
-    bwd_config = bwd_config if bwd_config is not None else default_bwd_config(D, q.dtype)
+    if isinstance(config, FlashTrainConfig):
+        if bwd_config is not None:
+            raise ValueError("bwd_config: not with a FlashTrainConfig config (it holds the backward)")
+        config, bwd_config = config.forward, config.backward
+    else:
+        config = typed(FlashFwdConfig, config, default_fwd_config(D, q.dtype))
+        if bwd_config is not None and not isinstance(bwd_config, FlashBwdConfig):
+            bwd_config = FlashBwdConfig.from_dict(bwd_config)  # refused here, not first in backward
     o, lse = _FlashAttention.apply(q, k, v, mask, sm_scale, config, bwd_config)
     return (o, lse) if return_lse else o

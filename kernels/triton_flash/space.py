@@ -1,4 +1,5 @@
-"""Launch-parameter spaces of the flash kernels, their shared-memory model and defaults.
+"""Launch-parameter spaces of the flash kernels and their shared-memory and register model (the configs
+themselves: :mod:`attntune.kernels.triton_flash.config`).
 
 Shared by the ``triton_flash`` and ``triton_local`` variants (one definition, no copy-paste).
 """
@@ -8,7 +9,11 @@ from __future__ import annotations
 import functools
 
 import torch
-from attntune.kernels.base import Config, Param, Space
+from attntune.kernels.base import Space
+from attntune.kernels.launch_config import ON_ROCM, LaunchConfig
+from attntune.kernels.triton_common import block_d
+from attntune.kernels.triton_flash.config import (FlashFwdConfig, FlashTrainConfig, default_fwd_config,
+                                                  default_train_config)
 
 from attntune.problem import AttentionProblem
 
@@ -43,11 +48,6 @@ def device_arch(device_type: str) -> str:
     return f"sm_{major}{minor}"
 
 
-def block_d(head_dim: int) -> int:
-    """Head dim padded to a power of two (tl.dot and tl.arange need one; >= 16 for tensor cores)."""
-    return max(16, 1 << (int(head_dim) - 1).bit_length())
-
-
 def smem_limit(arch: str) -> int:
     return SMEM_LIMIT.get(arch, 99 * 1024)  # unknown arch: assume the common consumer limit
 
@@ -77,64 +77,16 @@ def bwd_regs_per_thread(bm: int, bn: int, bd: int, warps: int) -> float:
     return (2 * bn * bd + 2 * bn * bm) / (32 * warps)
 
 
-def _elem(dtype: torch.dtype) -> int:
-    return torch.tensor([], dtype=dtype).element_size()
-
-
-def default_fwd_config(head_dim: int, dtype: torch.dtype, local: bool = False) -> Config:
-    """A config that runs everywhere the space is valid and is near the best on Hopper."""
-    if _elem(dtype) == 4:
-        return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4 if head_dim <= 128 else 8, "num_stages": 2}
-    if head_dim <= 64:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    if head_dim <= 128:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
-
-
-def default_bwd_config(head_dim: int, dtype: torch.dtype) -> Config:
-    if _elem(dtype) == 4:
-        if head_dim <= 128:
-            return {"BWD_BLOCK_M": 32, "BWD_BLOCK_N": 64, "BWD_WARPS": 4, "BWD_STAGES": 2}
-        return {"BWD_BLOCK_M": 16, "BWD_BLOCK_N": 64, "BWD_WARPS": 8, "BWD_STAGES": 1}
-    if head_dim <= 64:
-        return {"BWD_BLOCK_M": 32, "BWD_BLOCK_N": 128, "BWD_WARPS": 8, "BWD_STAGES": 2}
-    if head_dim <= 128:
-        return {"BWD_BLOCK_M": 16, "BWD_BLOCK_N": 128, "BWD_WARPS": 8, "BWD_STAGES": 2}
-    return {"BWD_BLOCK_M": 16, "BWD_BLOCK_N": 64, "BWD_WARPS": 8, "BWD_STAGES": 1}
-
-
-# Domains. Forward-only problems get the full forward grid; forward+backward problems a narrower
-# forward grid (the backward dominates their time) times the backward grid, to stay in the hundreds.
-FWD_CHOICES = {
-    "BLOCK_M": (32, 64, 128),
-    "BLOCK_N": (32, 64, 128),
-    "num_warps": (4, 8),
-    "num_stages": (1, 2, 3, 4),
-}
-FWD_CHOICES_TRAINING = {
-    "BLOCK_M": (64, 128),
-    "BLOCK_N": (32, 64, 128),
-    "num_warps": (4, 8),
-    "num_stages": (2, 3),
-}
-BWD_CHOICES = {
-    "BWD_BLOCK_M": (16, 32, 64),
-    "BWD_BLOCK_N": (64, 128),
-    "BWD_WARPS": (4, 8),
-    "BWD_STAGES": (1, 2),
-}
-# ROCm only (Triton's HIP backend options). UNTESTED: no ROCm machine was available to this project.
-HIP_CHOICES = {"waves_per_eu": (0, 1, 2), "matrix_instr_nonkdim": (16, 32)}
 FWD_REG_LIMIT = 128
 BWD_REG_LIMIT = 160
 
 
-def constraint_reasons(config: Config, head_dim: int, dtype: torch.dtype, arch: str) -> list[str]:
-    """Why a config would not compile, not fit, or spill badly on ``arch`` (empty = fine)."""
-    bd, es, limit = block_d(head_dim), _elem(dtype), smem_limit(arch)
+def constraint_reasons(config: LaunchConfig, head_dim: int, dtype: torch.dtype, arch: str) -> list[str]:
+    """Why a typed config (:class:`FlashFwdConfig` or :class:`FlashTrainConfig`) would not compile, not
+    fit, or spill badly on ``arch`` (empty = fine)."""
+    bd, es, limit = block_d(head_dim), dtype.itemsize, smem_limit(arch)
     out = []
-    bm, bn, w, s = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"], config["num_stages"]
+    bm, bn, w, s = config.BLOCK_M, config.BLOCK_N, config.num_warps, config.num_stages
     if bm == 32 and w != 4:  # H200, D=128 bf16: 32-row blocks with 8 warps ran 6-7x slower than the best
         out.append("BLOCK_M=32 takes 4 warps")
     smem = fwd_smem_bytes(bm, bn, bd, es, s)
@@ -143,9 +95,8 @@ def constraint_reasons(config: Config, head_dim: int, dtype: torch.dtype, arch: 
     regs = fwd_regs_per_thread(bm, bn, bd, w)
     if regs > FWD_REG_LIMIT:
         out.append(f"forward holds ~{regs:.0f} fp32 values per thread (> {FWD_REG_LIMIT}: spills)")
-    if "BWD_BLOCK_M" in config:
-        bm, bn = config["BWD_BLOCK_M"], config["BWD_BLOCK_N"]
-        w, s = config["BWD_WARPS"], config["BWD_STAGES"]
+    if isinstance(config, FlashTrainConfig):
+        bm, bn, w, s = config.BWD_BLOCK_M, config.BWD_BLOCK_N, config.BWD_WARPS, config.BWD_STAGES
         smem = bwd_smem_bytes(bm, bn, bd, es, s)
         if smem > limit:
             out.append(f"backward shared memory ~{smem} B > {limit} B on {arch}")
@@ -155,24 +106,16 @@ def constraint_reasons(config: Config, head_dim: int, dtype: torch.dtype, arch: 
     return out
 
 
-def flash_space(problem: AttentionProblem, local: bool = False) -> Space:
+def flash_space(problem: AttentionProblem) -> Space:
     """The launch space of the flash kernels for ``problem`` (independent of sequence lengths and
-    batch, so that a config tuned for one bucket stays valid for every shape that maps to it)."""
+    batch, so that a config tuned for one bucket stays valid for every shape that maps to it): a
+    :class:`FlashTrainConfig` space for ``fwd_bwd``, else a :class:`FlashFwdConfig` one."""
     dtype, d = problem.torch_dtype, problem.head_dim
     arch = device_arch(problem.device_type)
-    training = problem.mode == "fwd_bwd"
-    choices = dict(FWD_CHOICES_TRAINING if training else FWD_CHOICES)
-    if training:
-        choices.update(BWD_CHOICES)
-    hip = bool(torch.version.hip) and problem.device_type == "cuda"
-    if hip:
-        choices.update(HIP_CHOICES)
-    params = tuple(Param(name, dom) for name, dom in choices.items())
-    default = dict(default_fwd_config(d, dtype, local))
-    if training:
-        default.update(default_bwd_config(d, dtype))
-    if hip:
-        default.update({"waves_per_eu": 2, "matrix_instr_nonkdim": 16})
-    return Space(
-        params=params, default=default, constraint=lambda cfg: constraint_reasons(cfg, d, dtype, arch)
-    )
+    # the ROCm knobs only where the problem runs on a ROCm GPU (the interpreter's CPU runs take none)
+    rocm = ON_ROCM and problem.device_type == "cuda"
+    if problem.mode == "fwd_bwd":
+        cls, default = FlashTrainConfig, default_train_config(d, dtype)
+    else:
+        cls, default = FlashFwdConfig, default_fwd_config(d, dtype)
+    return cls.space(default, lambda cfg: constraint_reasons(cfg, d, dtype, arch), rocm=rocm)

@@ -1,0 +1,166 @@
+"""The flash kernels' typed launch configs (:mod:`attntune.kernels.launch_config`) and their defaults.
+
+* :class:`FlashFwdConfig` — a forward launch (``fwd`` keys);
+* :class:`FlashBwdConfig` — the backward's two kernels (dK/dV, dQ);
+* :class:`FlashTrainConfig` — what a ``fwd_bwd`` key tunes: a forward config (a subclass: its forward
+  knobs over a narrower domain, since the backward dominates a training step's time, so the sweep stays
+  in the hundreds) plus the backward's knobs.
+
+The ROCm knobs (``waves_per_eu``, ``matrix_instr_nonkdim``: Triton's HIP backend options) apply to every
+launch of a config; they exist on ROCm builds only and are UNTESTED (no AMD GPU was available).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Dict
+
+import torch
+
+from attntune.kernels.launch_config import ON_ROCM, LaunchConfig, at_least, knob, pow2_at_least, warps_valid
+from attntune.kernels.triton_common import MIN_BLOCK
+
+_HIP = ("waves_per_eu", "matrix_instr_nonkdim")
+_TILE = pow2_at_least(MIN_BLOCK)
+_STAGES = at_least(1)
+
+
+def _block_m(default: int, choices=(32, 64, 128)):
+    return knob(default, choices, "query rows per program (resident Q tile)", valid=_TILE)
+
+
+def _block_n(default: int, choices=(32, 64, 128)):
+    return knob(default, choices, "keys per inner-loop tile (K/V tiles streamed)", valid=_TILE)
+
+
+def _warps(default: int, choices=(4, 8)):
+    return knob(default, choices, "warps per program", valid=warps_valid)
+
+
+def _stages(default: int, choices=(1, 2, 3, 4)):
+    return knob(default, choices, "software-pipeline stages of the K/V loads", valid=_STAGES)
+
+
+def _waves():
+    return knob(2, (0, 1, 2), "ROCm: waves per execution unit (occupancy hint)", rocm_only=True)
+
+
+def _nonkdim():
+    return knob(16, (16, 32), "ROCm: MFMA instruction size", rocm_only=True)
+
+
+def _bwd_m(default: int):
+    return knob(default, (16, 32, 64), "backward: rows streamed by dK/dV, keys streamed by dQ", valid=_TILE)
+
+
+def _bwd_n(default: int):
+    return knob(default, (64, 128), "backward: keys resident in dK/dV, rows resident in dQ", valid=_TILE)
+
+
+def _bwd_warps(default: int):
+    return knob(default, (4, 8), "backward: warps per program", valid=warps_valid)
+
+
+def _bwd_stages(default: int):
+    return knob(default, (1, 2), "backward: software-pipeline stages", valid=_STAGES)
+
+
+class _Launch(LaunchConfig):
+    def _opts(self, warps: int, stages: int) -> Dict[str, int]:
+        opts = {"num_warps": warps, "num_stages": stages}
+        if ON_ROCM:
+            opts.update({k: getattr(self, k) for k in _HIP})
+        return opts
+
+
+@dataclass(frozen=True)
+class FlashFwdConfig(_Launch):
+    """One forward launch: ``BLOCK_M`` rows x ``BLOCK_N``-key tiles, ``num_warps``, ``num_stages``."""
+
+    BLOCK_M: int = _block_m(128)
+    BLOCK_N: int = _block_n(64)
+    num_warps: int = _warps(8)
+    num_stages: int = _stages(3)
+    waves_per_eu: int = _waves()
+    matrix_instr_nonkdim: int = _nonkdim()
+
+    def launch_opts(self) -> Dict[str, int]:
+        """Triton's launch options of the forward kernel."""
+        return self._opts(self.num_warps, self.num_stages)
+
+
+@dataclass(frozen=True)
+class FlashBwdConfig(_Launch):
+    """The backward's launches: the dK/dV kernel keeps ``BWD_BLOCK_N`` keys and streams ``BWD_BLOCK_M``
+    rows; the dQ kernel mirrors the roles."""
+
+    ARG = "bwd_config"
+    BWD_BLOCK_M: int = _bwd_m(32)
+    BWD_BLOCK_N: int = _bwd_n(128)
+    BWD_WARPS: int = _bwd_warps(8)
+    BWD_STAGES: int = _bwd_stages(2)
+    waves_per_eu: int = _waves()
+    matrix_instr_nonkdim: int = _nonkdim()
+
+    def launch_opts(self) -> Dict[str, int]:
+        """Triton's launch options of the two backward kernels."""
+        return self._opts(self.BWD_WARPS, self.BWD_STAGES)
+
+
+@dataclass(frozen=True)
+class FlashTrainConfig(FlashFwdConfig):
+    """A training (``fwd_bwd``) key's config: a forward and a backward launch, tuned together. Its forward
+    knobs sweep a narrower domain than a forward key's (the backward dominates a training step)."""
+
+    BLOCK_M: int = _block_m(128, (64, 128))
+    num_stages: int = _stages(3, (2, 3))
+    BWD_BLOCK_M: int = _bwd_m(32)
+    BWD_BLOCK_N: int = _bwd_n(128)
+    BWD_WARPS: int = _bwd_warps(8)
+    BWD_STAGES: int = _bwd_stages(2)
+
+    @functools.cached_property
+    def forward(self) -> FlashFwdConfig:
+        return FlashFwdConfig(self.BLOCK_M, self.BLOCK_N, self.num_warps, self.num_stages, self.waves_per_eu,
+                              self.matrix_instr_nonkdim)
+
+    @functools.cached_property
+    def backward(self) -> FlashBwdConfig:
+        return FlashBwdConfig(self.BWD_BLOCK_M, self.BWD_BLOCK_N, self.BWD_WARPS, self.BWD_STAGES,
+                              self.waves_per_eu, self.matrix_instr_nonkdim)
+
+
+def _fp32(dtype: torch.dtype) -> bool:
+    return dtype == torch.float32
+
+
+def default_fwd_config(head_dim: int, dtype: torch.dtype) -> FlashFwdConfig:
+    """A config that runs everywhere the space is valid and is near the best on Hopper."""
+    if _fp32(dtype):
+        return FlashFwdConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4 if head_dim <= 128 else 8, num_stages=2)
+    if head_dim <= 64:
+        return FlashFwdConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    if head_dim <= 128:
+        return FlashFwdConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    return FlashFwdConfig(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2)
+
+
+def default_bwd_config(head_dim: int, dtype: torch.dtype) -> FlashBwdConfig:
+    if _fp32(dtype):
+        if head_dim <= 128:
+            return FlashBwdConfig(BWD_BLOCK_M=32, BWD_BLOCK_N=64, BWD_WARPS=4, BWD_STAGES=2)
+        return FlashBwdConfig(BWD_BLOCK_M=16, BWD_BLOCK_N=64, BWD_WARPS=8, BWD_STAGES=1)
+    if head_dim <= 64:
+        return FlashBwdConfig(BWD_BLOCK_M=32, BWD_BLOCK_N=128, BWD_WARPS=8, BWD_STAGES=2)
+    if head_dim <= 128:
+        return FlashBwdConfig(BWD_BLOCK_M=16, BWD_BLOCK_N=128, BWD_WARPS=8, BWD_STAGES=2)
+    return FlashBwdConfig(BWD_BLOCK_M=16, BWD_BLOCK_N=64, BWD_WARPS=8, BWD_STAGES=1)
+
+
+def default_train_config(head_dim: int, dtype: torch.dtype) -> FlashTrainConfig:
+    """The forward and backward defaults as one training config."""
+    f, b = default_fwd_config(head_dim, dtype), default_bwd_config(head_dim, dtype)
+    return FlashTrainConfig(BLOCK_M=f.BLOCK_M, BLOCK_N=f.BLOCK_N, num_warps=f.num_warps, num_stages=f.num_stages,
+                            BWD_BLOCK_M=b.BWD_BLOCK_M, BWD_BLOCK_N=b.BWD_BLOCK_N, BWD_WARPS=b.BWD_WARPS,
+                            BWD_STAGES=b.BWD_STAGES)
