@@ -23,12 +23,27 @@ if __name__ != "attntune.kernels":
     _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     _spec = PathFinder.find_spec(__name__, [p for p in sys.path if os.path.abspath(p or os.curdir) != _root])
     if _spec is None or _spec.loader is None:
-        raise ImportError(f"{__name__!r} here is attntune's source directory {os.path.dirname(__file__)} "
-                          "(import it as attntune.kernels); no other package of that name is installed",
-                          name=__name__)
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules[__name__] = _mod  # the import statement returns what sys.modules holds after this module runs
-    _spec.loader.exec_module(_mod)
+        # No other package of that name: stand in as an absent one instead of raising, because importers
+        # probe optional packages by importing them — transformers' ``is_kernels_available`` imports
+        # ``kernels`` unguarded and reads "no ``__version__`` and no ``__file__``" as "not installed" (an
+        # exception here broke ``import transformers.modeling_utils``, measured with transformers 5.17).
+        import types
+
+        _msg = (f"{__name__!r} here is attntune's source directory {os.path.dirname(__file__)} "
+                "(import it as attntune.kernels); no other package of that name is installed")
+        _absent = types.ModuleType(__name__, _msg)
+        _absent.__file__ = None
+        _absent.__spec__ = __spec__  # importlib.util.find_spec reads it once the name is in sys.modules
+
+        def _no_attribute(name: str, _msg: str = _msg):
+            raise AttributeError(f"{_msg}: no attribute {name!r}")
+
+        _absent.__getattr__ = _no_attribute
+        sys.modules[__name__] = _absent
+    else:
+        _mod = importlib.util.module_from_spec(_spec)
+        sys.modules[__name__] = _mod  # the import statement returns what sys.modules holds after this runs
+        _spec.loader.exec_module(_mod)
 else:
     from attntune.kernels import registry
     from attntune.kernels.base import Config, Param, Space, Variant
