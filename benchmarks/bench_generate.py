@@ -253,11 +253,19 @@ class RunMeter:
       are the scheduler taking the core away;
     * ``sm_mhz`` — the GPU's SM clock sampled every ``period`` s by a thread through NVML (min, median,
       max; absent without ``pynvml``): ``generate`` waits for the device every step, so a GPU that clocked
-      down lengthens the step even where the host sets the pace."""
+      down lengthens the step even where the host sets the pace;
+    * ``gpu_util`` — NVML's share of time the GPU ran a kernel (min, median, max of the same samples): a
+      slow run with the GPU busier is a slow device, one with it idler a slow host;
+    * ``probe_us`` — a fixed piece of pure-Python work (:func:`host_probe_us`) timed just before and just
+      after the run: CPU time alone cannot tell a slow host from a waiting one, because CUDA's default
+      synchronisation spins (a sync on a slow GPU is CPU time too), but a host that computes slower runs
+      the probe slower;
+    * ``steal`` — the hypervisor's steal ticks (``/proc/stat``, 1/100 s) on this process's CPUs during
+      the run (absent where unreadable): time a virtual CPU wanted to run and was not given."""
 
     def __init__(self, device, period: float = 0.1):
         self.period = period
-        self.samples = []
+        self.samples, self.util = [], []
         self._stop = None
         self._nvml = None
         if device.type == "cuda":
@@ -275,6 +283,7 @@ class RunMeter:
         while not self._stop.wait(self.period):
             try:
                 self.samples.append(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+                self.util.append(nv.nvmlDeviceGetUtilizationRates(h).gpu)
             except Exception:  # noqa: BLE001
                 return
 
@@ -282,6 +291,8 @@ class RunMeter:
         import resource
         import threading
 
+        self._probe = host_probe_us()
+        self._steal = steal_ticks()
         self._ru = resource.getrusage(resource.RUSAGE_SELF)
         self._t = (time.perf_counter(), time.process_time())
         if self._nvml is not None:
@@ -300,9 +311,43 @@ class RunMeter:
             self._thread.join()
         self.result = {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4),
                        "vcsw": ru.ru_nvcsw - self._ru.ru_nvcsw, "ivcsw": ru.ru_nivcsw - self._ru.ru_nivcsw}
-        if self.samples:
-            xs = sorted(self.samples)
-            self.result["sm_mhz"] = [xs[0], xs[len(xs) // 2], xs[-1]]
+        self.result["probe_us"] = [round(self._probe, 1), round(host_probe_us(), 1)]
+        steal = steal_ticks()
+        if steal is not None and self._steal is not None:
+            self.result["steal"] = steal - self._steal
+        for name, xs in (("sm_mhz", self.samples), ("gpu_util", self.util)):
+            if xs:
+                xs = sorted(xs)
+                self.result[name] = [xs[0], xs[len(xs) // 2], xs[-1]]
+
+
+def host_probe_us(reps: int = 5) -> float:
+    """Median µs of a fixed piece of pure-Python work (dict and integer operations, about 0.3 ms on a
+    2 GHz core): the host's speed at this moment, for :class:`RunMeter`."""
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        d = {}
+        for i in range(3000):
+            d[i & 255] = d.get(i & 255, 0) + i * 3
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2] * 1e6
+
+
+def steal_ticks() -> Optional[int]:
+    """Steal ticks summed over this process's CPUs (``/proc/stat``, field 8 of each ``cpuN`` line), or
+    None where unreadable."""
+    try:
+        cpus = os.sched_getaffinity(0)
+        total = 0
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("cpu") and line[3:4].isdigit():
+                f = line.split()
+                if int(f[0][3:]) in cpus and len(f) > 8:
+                    total += int(f[8])
+        return total
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def generate(model, ids, mask, new_tokens, cache, compile_ok=False, clock=None):
@@ -837,10 +882,41 @@ def summarize(doc) -> dict:
         "fresh_vs_sdpa": _geomean([f.get("ratio") for f in doc.get("fresh", [])]),
         "compiled_static_vs_sdpa": cs.get("ratio"),
         "tokens_equal_frac_min": min(eq) if eq else None,
+        "slow_runs": slow_run_attribution(cases),
         "cases": len(doc["cases"]),
         "failed_impl_runs": sum("error" in r for c in doc["cases"] + doc.get("fresh", [])
                                 for r in c["impls"].values()),
     }
+
+
+SLOW_RUN = 1.25  # a run whose median step is this much above its (case, implementation)'s fastest run
+
+
+def slow_run_attribution(cases) -> dict:
+    """What the slow runs of the resident protocol had in common (:class:`RunMeter`). A run is slow when its
+    median decode step is >= ``SLOW_RUN`` x the fastest run of the same case and implementation; each case's
+    first timed run is left out (SDPA's pays cuDNN's graph builds there, a real cost, not a state). For the
+    slow and the fast runs: the median host probe (µs, the mean of before and after), GPU utilisation
+    (median of each run's median) and steal ticks. A host probe slower in the slow runs means a slower host."""
+    groups = {"slow": [], "fast": []}
+    for c in cases:
+        for impl, r in c["impls"].items():
+            steps, meters = r.get("step_us") or [], r.get("meter") or []
+            if len(steps) < 2 or len(meters) != len(steps):
+                continue
+            lo = min(steps)
+            for st, m in list(zip(steps, meters))[1:]:
+                groups["slow" if st >= SLOW_RUN * lo else "fast"].append(m)
+    out = {"threshold": SLOW_RUN}
+    for name, ms in groups.items():
+        probes = [sum(m["probe_us"]) / 2 for m in ms if m.get("probe_us")]
+        utils = [m["gpu_util"][1] for m in ms if m.get("gpu_util")]
+        steal = [m["steal"] for m in ms if m.get("steal") is not None]
+        out[name] = {"runs": len(ms), "probe_us_median": _median(probes), "gpu_util_median": _median(utils),
+                     "steal_ticks": sum(steal) if steal else None}
+    p_slow, p_fast = out["slow"]["probe_us_median"], out["fast"]["probe_us_median"]
+    out["probe_slow_over_fast"] = p_slow / p_fast if p_slow and p_fast else None
+    return out
 
 
 def _first_ratio(case):

@@ -59,7 +59,9 @@ def test_bench_generate_smoke(tmp_path):
             # the run's host meter: CPU and wall time, context switches (no GPU clocks on the CPU)
             (m,) = r["meter"]
             assert m["wall_s"] > 0 and m["cpu_s"] > 0 and m["vcsw"] >= 0 and m["ivcsw"] >= 0
-            assert "sm_mhz" not in m
+            assert "sm_mhz" not in m and "gpu_util" not in m
+            # the host probe before and after the run: a fixed piece of Python work, in µs
+            assert len(m["probe_us"]) == 2 and all(_finite(x) and x > 0 for x in m["probe_us"])
         assert _finite(c["ratio"]) and c["ratio"] > 0, where
         # 4 new tokens: 3 gaps between the per-token stamps, a median step per run
         assert all(_finite(c["impls"][i]["step_us_median"]) for i in IMPLS), where
@@ -149,7 +151,10 @@ def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch
     clocks = iter([1980, 1200, 1755, 1980, 990] + [1500] * 1000)
     fake = types.SimpleNamespace(NVML_CLOCK_SM=1, nvmlInit=lambda: None,
                                  nvmlDeviceGetHandleByIndex=lambda i: ("h", i),
-                                 nvmlDeviceGetClockInfo=lambda h, kind: next(clocks))
+                                 nvmlDeviceGetClockInfo=lambda h, kind: next(clocks),
+                                 nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(
+                                     gpu=next(utils), memory=0))
+    utils = iter([40, 97, 12] + [55] * 1000)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     import torch
 
@@ -160,4 +165,36 @@ def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch
             done.wait(0.001)
     lo, mid, hi = meter.result["sm_mhz"]
     assert lo <= mid <= hi and lo in (990, 1200, 1500) and hi == 1980
+    ulo, umid, uhi = meter.result["gpu_util"]
+    assert ulo <= umid <= uhi and uhi == 97 and ulo in (12, 40, 55)
     assert meter.result["wall_s"] > 0
+
+
+def test_slow_run_attribution_compares_slow_and_fast_runs_and_skips_first_runs():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_generate
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def meter(probe, util, steal):
+        return {"wall_s": 1.0, "cpu_s": 1.0, "probe_us": [probe, probe], "gpu_util": [util, util, util],
+                "steal": steal}
+
+    cases = [
+        # first runs (index 0) are left out whatever their speed: SDPA's pays cuDNN's graph builds
+        {"impls": {"sdpa": {"step_us": [60000, 7000, 13000], "meter": [meter(900, 5, 0), meter(300, 40, 1),
+                                                                         meter(600, 20, 7)]},
+                   "attntune": {"step_us": [13000, 12900, 7100], "meter": [meter(600, 20, 0),
+                                                                           meter(620, 21, 5),
+                                                                           meter(310, 41, 0)]}}},
+        # too few runs, or runs without a meter: not counted
+        {"impls": {"sdpa": {"step_us": [7000], "meter": [meter(300, 40, 0)]},
+                   "attntune": {"step_us": [7000, 9000]}}},
+    ]
+    a = bench_generate.slow_run_attribution(cases)
+    assert a["slow"]["runs"] == 2 and a["fast"]["runs"] == 2
+    assert a["slow"]["probe_us_median"] == 610 and a["fast"]["probe_us_median"] == 305
+    assert math.isclose(a["probe_slow_over_fast"], 2.0)
+    assert a["slow"]["gpu_util_median"] == 20.5 and a["slow"]["steal_ticks"] == 12
+    assert a["fast"]["steal_ticks"] == 1
