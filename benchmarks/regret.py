@@ -9,8 +9,9 @@ whose first, cheap measurement is above ``--prune`` x the best so far is not mea
 tuner's own early stop). (3) The budgeted winner and the reference winner are re-timed side by side,
 interleaved, with the tuner's timer: regret = t(budgeted) / t(reference) - 1 (0 when they are the same
 config). Where the grid was sampled, the regret is against the best *sampled* config: a lower bound of
-the regret against the full grid. Every key's reference search gets an equal share of the time left
-(``--time-limit``), so every family is reached within one call; the configs are measured budgeted winner
+the regret against the full grid. Keys run with their families interleaved, and every key's reference
+search gets an equal share of the time left (``--time-limit``) after the budgeted tunes still to come
+(estimated by the mean so far), so every family is reached within one call; the configs are measured budgeted winner
 and defaults first, then every variant's sample round-robin in random order, so a search that runs out
 of its share has measured an unbiased part of each variant's sample (``reference_unmeasured`` says how
 many were left; its regret is again a lower bound). Each row says how many configs of how large a grid
@@ -133,6 +134,40 @@ def reference_configs(problem: AttentionProblem, max_configs: int, keep: List[Tu
     for i in range(max((len(r) for r in rest), default=0)):
         order.extend(r[i] for r in rest if i < len(r))
     return order, info
+
+
+def interleave_families(keys: List[Tuple[str, AttentionProblem]]) -> List[Tuple[str, AttentionProblem]]:
+    """``keys`` reordered round-robin over their families (each family's keys in their order; families in
+    order of first appearance): a run cut short by the time limit still has a figure for every family.
+
+    >>> [f for f, _ in interleave_families([("a", 1), ("a", 2), ("b", 3), ("c", 4), ("c", 5)])]
+    ['a', 'b', 'c', 'a', 'c']
+    """
+    by: Dict[str, list] = {}
+    for fam, p in keys:
+        by.setdefault(fam, []).append((fam, p))
+    out, queues = [], list(by.values())
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
+
+
+def reference_share(left_s: float, keys_left: int, tune_s: float) -> float:
+    """Seconds of reference search for the current key (whose budgeted tune is done): an equal share of
+    the time left after the budgeted tunes of the ``keys_left - 1`` keys still to come (``tune_s`` each,
+    the mean so far) and the retimes of all ``keys_left``. Without that reserve the first keys' grids
+    took the time of the last keys' tunes, and the last families got no figure.
+
+    >>> reference_share(100.0, 1, 10.0)      # the last key: everything but its retime
+    97.0
+    >>> reference_share(100.0, 4, 10.0)      # 100 - 3 x 10 - 4 x 3 = 58, over 4 keys
+    14.5
+    >>> reference_share(20.0, 4, 10.0)       # nothing left for reference searches
+    0.0
+    """
+    return max(0.0, left_s - tune_s * (keys_left - 1) - RETIME_RESERVE_S * keys_left) / keys_left
 
 
 def reference_search(problem, device, configs, prune: float, deadline: float) -> dict:
@@ -305,7 +340,9 @@ def main(argv=None):
     deadline = t_start + args.time_limit
     tmp = Path(tempfile.mkdtemp())
     only = {f for f in args.families.split(",") if f}
-    keys = [fp for ks in args.keys.split(",") if ks for fp in KEY_SETS[ks] if not only or fp[0] in only]
+    keys = interleave_families(
+        [fp for ks in args.keys.split(",") if ks for fp in KEY_SETS[ks] if not only or fp[0] in only])
+    tune_s: List[float] = []  # the budgeted tunes so far: what the keys still to come will need
     for i, (family, p) in enumerate(keys):
         kid = TuneKey.from_problem(p, device_fingerprint(device)).key_id
         row = {"family": family, "key": p.short(), "key_id": kid}
@@ -316,6 +353,7 @@ def main(argv=None):
         t0 = time.time()
         recs = tune([p], cache=str(tmp / f"{kid}.db"), storage="memory", trials=args.trials, seed=1)
         row["budget_s"] = time.time() - t0
+        tune_s.append(row["budget_s"])
         if not recs:
             row["error"] = "budgeted tune found no winner"
             doc["rows"].append(row)
@@ -324,9 +362,7 @@ def main(argv=None):
         b = recs[0]
         configs, info = reference_configs(p, args.max_configs, [(b.variant, b.config)], key_seed(kid, 2))
         t0 = time.time()
-        # every key gets an equal share of the time left (the retime after it takes a few seconds): the
-        # last families are reached instead of the first keys' grids being finished
-        share = max(0.0, deadline - t0 - RETIME_RESERVE_S * (len(keys) - i)) / (len(keys) - i)
+        share = reference_share(deadline - t0, len(keys) - i, statistics.mean(tune_s))
         ref = reference_search(p, device, configs, args.prune, t0 + share)
         # budget_tuned_ms: what the tuner stored for its winner (budget_ms is re-timed beside the reference)
         row.update(budget_winner=[b.variant, b.config], budget_trials=b.trials, budget_tuned_ms=b.median_ms,

@@ -146,3 +146,22 @@ def test_merge_takes_each_family_from_the_last_run_that_has_it(tmp_path):
     assert s["keys"] == 2 and s["max_regret"] == 0.04 and s["max_fidelity_error"] == 0.02
     assert [m["families"] for m in doc["merged_from"]] == [["training"], ["decode"]]
     assert [m["fidelity"] for m in doc["merged_from"]] == [True, False]
+
+
+def test_regret_time_shares_and_family_order():
+    """The examples in interleave_families' and reference_share's docstrings (the keys still to come keep
+    their tune time; families interleave), plus a family set cut after any prefix still covers them all."""
+    import doctest
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regret_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for fn in (mod.interleave_families, mod.reference_share):
+        finder = doctest.DocTestFinder()
+        runner = doctest.DocTestRunner()
+        for t in finder.find(fn, fn.__name__, globs={fn.__name__: fn}):
+            assert runner.run(t).failed == 0
+    fams = [f for f, _ in mod.interleave_families(mod.KEY_SETS["families16"])]
+    n = len(set(fams))
+    assert sorted(set(fams[:n])) == sorted(set(fams)), fams  # the first len(families) keys cover every family
