@@ -19,9 +19,10 @@ were measured.
 
 **Fidelity** (``--fidelity CACHE``): every valid winner row of ``CACHE`` for this device is re-timed in
 this process (a fresh one, unlike the tuner's) on the key's representative problem with the tuner's
-timer: error = t(now) / t(stored) - 1; and, timed beside it round by round, the SDPA-default baseline the
-row was compared with: relative error = the winner's ratio to the baseline now over the stored one, - 1
-(a drift of the whole device moves both times and leaves the ratio).
+timer: error = t(now) / t(stored) - 1; and, timed beside it round by round, a *companion*: the
+SDPA-default baseline the row was compared with, or for a row whose winner is that baseline its stored
+runner-up: relative error = the winner's ratio to the companion now over the stored one, - 1 (a drift of
+the whole device moves both times and leaves the ratio).
 
 Usage (H200, one call of at most 9 minutes)::
 
@@ -246,11 +247,13 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]
         try:
             problem = rec.key.representative()
             inp = gate.prepare(problem, device, key_seed(rec.key_id, 0))
-            calls = [make_call(registry.get(rec.variant), rec.config, inp, grads=problem.mode == "fwd_bwd")]
-            # (a baseline winner would be timed against itself: no second call)
-            base_cfg = baseline_config(problem, inp) if rec.sdpa_default_ms and rec.variant != BASELINE else None
-            if base_cfg is not None:
-                calls.append(make_call(registry.get(BASELINE), base_cfg, inp, grads=problem.mode == "fwd_bwd"))
+            grads = problem.mode == "fwd_bwd"
+            calls = [make_call(registry.get(rec.variant), rec.config, inp, grads=grads)]
+            # the companion timed beside it: the baseline; for a baseline winner (timed against itself
+            # it would say nothing) the stored runner-up, so that every row with one has a ratio check
+            comp = companion(rec, problem, inp)
+            if comp is not None:
+                calls.append(make_call(registry.get(comp[0]), comp[1], inp, grads=grads))
             timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
             for fn, grads in calls:
                 timer.cheap(fn, grads)  # warm-up (compiles)
@@ -260,13 +263,27 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]
             est = [min(t) if device.type == "cpu" else statistics.median(t) for t in ts]
             row.update(now_ms=est[0], error_frac=est[0] / rec.median_ms - 1)
             if len(est) == 2:
-                row.update(baseline_now_ms=est[1],
-                           relative_error=(est[0] / est[1]) / (rec.median_ms / rec.sdpa_default_ms) - 1)
+                row.update(companion=comp[0], companion_stored_ms=comp[2], companion_now_ms=est[1],
+                           relative_error=(est[0] / est[1]) / (rec.median_ms / comp[2]) - 1)
+                if comp[0] == BASELINE:
+                    row["baseline_now_ms"] = est[1]
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def companion(rec, problem, inputs):
+    """``(variant, config, stored ms)`` to re-time beside ``rec``'s winner, or None: the SDPA-default
+    baseline it was compared with when stored, or — when the winner is that baseline — the stored
+    runner-up (another variant measured in the same tuning run)."""
+    if rec.variant != BASELINE:
+        cfg = baseline_config(problem, inputs) if rec.sdpa_default_ms else None
+        return None if cfg is None else (BASELINE, cfg, rec.sdpa_default_ms)
+    if rec.runner_up and rec.runner_up_ms and rec.runner_up != BASELINE and registry.exists(rec.runner_up):
+        return rec.runner_up, rec.runner_up_config or {}, rec.runner_up_ms
+    return None
 
 
 def summarize(rows: List[dict], fid: List[dict]) -> dict:

@@ -44,8 +44,8 @@ def test_regret_smoke(tmp_path):
         assert r["reference_full"] >= 1 and r["reference_unmeasured"] == 0
     (f,) = doc["fidelity"]  # the one key tuned above
     assert f["variant"] and _finite(f["stored_ms"]) and _finite(f["now_ms"]) and _finite(f["error_frac"])
-    if f["variant"] != "sdpa_default":  # re-timed beside the baseline it was compared with
-        assert _finite(f["baseline_now_ms"]) and _finite(f["relative_error"])
+    if f.get("companion"):  # re-timed beside the baseline it was compared with, or its runner-up
+        assert _finite(f["companion_now_ms"]) and _finite(f["relative_error"])
         assert _finite(doc["summary"]["max_relative_fidelity_error"])
     s = doc["summary"]
     assert s["keys"] == 2 and s["families"] == ["dense_prefill"] and s["fidelity_rows"] == 1
@@ -118,6 +118,41 @@ def test_fidelity_retimes_a_row_beside_its_baseline(tmp_path):
     assert row["variant"] == "sdpa_math" and row["baseline_stored_ms"] == 0.25
     want = (row["now_ms"] / row["baseline_now_ms"]) / 2.0 - 1
     assert abs(row["relative_error"] - want) < 1e-9 and row["baseline_now_ms"] > 0
+    assert row["companion"] == "sdpa_default" and row["companion_stored_ms"] == 0.25
+
+
+def test_fidelity_retimes_a_baseline_winner_beside_its_runner_up(tmp_path):
+    """A row whose winner is the baseline itself is re-timed beside its stored runner-up (a ratio check
+    for every row that has one); a row with neither gets the absolute error alone."""
+    import time
+
+    import torch
+
+    from attntune.cache import CacheStore, WinnerRecord, utcnow
+    from attntune.device import device_fingerprint, software_fingerprint
+    from attntune.kernels import registry
+    from attntune.key import TuneKey
+
+    regret = _regret_module()
+    st = CacheStore(str(tmp_path / "c.db"))
+    for sq, runner_up in ((64, "sdpa_math"), (48, None)):
+        p = regret._p(2, 4, 4, sq, sq, 32, dtype="float32", device="cpu", causal=True)
+        key = TuneKey.from_problem(p, device_fingerprint("cpu"))
+        rec = WinnerRecord(key=key, variant="sdpa_default", config={}, median_ms=0.25, runner_up=runner_up,
+                           runner_up_ms=1.0 if runner_up else None, sdpa_default_ms=0.25,
+                           fingerprint=software_fingerprint(registry.get("sdpa_default").source_hash(), "cpu"),
+                           created_at=utcnow())
+        assert st.upsert_winner(rec)
+    st.dispose()
+    rows = {r["key"]: r for r in regret.fidelity(str(tmp_path / "c.db"), torch.device("cpu"), time.time() + 120,
+                                                 rounds=2)}
+    assert len(rows) == 2
+    with_ru = next(r for r in rows.values() if "S64x64" in r["key"])
+    alone = next(r for r in rows.values() if "S48x48" in r["key"])
+    assert with_ru["companion"] == "sdpa_math" and with_ru["companion_stored_ms"] == 1.0
+    want = (with_ru["now_ms"] / with_ru["companion_now_ms"]) / 0.25 - 1
+    assert abs(with_ru["relative_error"] - want) < 1e-9 and "baseline_now_ms" not in with_ru
+    assert "companion" not in alone and "relative_error" not in alone and _finite(alone["error_frac"])
 
 
 def test_families_filter_keeps_only_the_named_families(tmp_path):
