@@ -21,6 +21,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Markdown: docstring paragraphs reflow to the terminal's width (rich mode kept their hard line breaks,
+    # then wrapped again: ragged help) and square brackets stay text (rich mode read ``[report]`` in
+    # "pip install 'attntune[report]'" as a style tag and dropped it).
+    rich_markup_mode="markdown",
 )
 
 
