@@ -269,14 +269,8 @@ class RunMeter:
         self._stop = None
         self._nvml = None
         if device.type == "cuda":
-            try:  # NVML is optional: without it the clocks are simply not recorded
-                import pynvml
-
-                pynvml.nvmlInit()
-                idx = device.index if device.index is not None else torch.cuda.current_device()
-                self._nvml = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(idx))
-            except Exception:  # noqa: BLE001
-                self._nvml = None
+            idx = device.index if device.index is not None else torch.cuda.current_device()
+            self._nvml = _nvml_handle(idx)
 
     def _sample(self):
         nv, h = self._nvml
@@ -319,6 +313,24 @@ class RunMeter:
             if xs:
                 xs = sorted(xs)
                 self.result[name] = [xs[0], xs[len(xs) // 2], xs[-1]]
+
+
+_NVML: dict = {}
+
+
+def _nvml_handle(idx: int):
+    """``(pynvml, handle)`` of GPU ``idx``, initialised once per process (None without NVML: the clocks
+    are then simply not recorded)."""
+    if idx not in _NVML:
+        try:
+            import pynvml
+
+            if not _NVML:
+                pynvml.nvmlInit()
+            _NVML[idx] = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(idx))
+        except Exception:  # noqa: BLE001
+            _NVML[idx] = None
+    return _NVML[idx]
 
 
 def host_probe_us(reps: int = 5) -> float:

@@ -156,6 +156,7 @@ def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch
                                      gpu=next(utils), memory=0))
     utils = iter([40, 97, 12] + [55] * 1000)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(bench_generate, "_NVML", {})  # NVML handles are kept per process
     import torch
 
     meter = bench_generate.RunMeter(torch.device("cuda", 0), period=0.001)
