@@ -3,7 +3,6 @@ text (rich markup mode had dropped ``[plots]`` from "pip install 'attntune[plots
 
 from __future__ import annotations
 
-
 from typer.testing import CliRunner
 
 from attntune.cli import app
