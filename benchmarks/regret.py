@@ -11,9 +11,9 @@ interleaved, with the tuner's timer: regret = t(budgeted) / t(reference) - 1 (0 
 config). Where the grid was sampled, the regret is against the best *sampled* config: a lower bound of
 the regret against the full grid. Keys run with their families interleaved, and every key's reference
 search gets an equal share of the time left (``--time-limit``) after the budgeted tunes still to come
-(estimated by the mean so far), so every family is reached within one call; the configs are measured budgeted winner
-and defaults first, then every variant's sample round-robin in random order, so a search that runs out
-of its share has measured an unbiased part of each variant's sample (``reference_unmeasured`` says how
+(estimated by the mean so far), so every family is reached within one call; the configs are measured
+budgeted winner and defaults first, then every variant's sample round-robin in random order, so a search
+that runs out of its share has measured an unbiased part of each variant's sample (``reference_unmeasured`` says how
 many were left; its regret is again a lower bound). Each row says how many configs of how large a grid
 were measured.
 
