@@ -13,9 +13,9 @@ the regret against the full grid. Keys run with their families interleaved, and 
 search gets an equal share of the time left (``--time-limit``) after the budgeted tunes still to come
 (estimated by the mean so far), so every family is reached within one call; the configs are measured
 budgeted winner and defaults first, then every variant's sample round-robin in random order, so a search
-that runs out of its share has measured an unbiased part of each variant's sample (``reference_unmeasured`` says how
-many were left; its regret is again a lower bound). Each row says how many configs of how large a grid
-were measured.
+that runs out of its share has measured an unbiased part of each variant's sample
+(``reference_unmeasured`` says how many were left; its regret is again a lower bound). Each row says how
+many configs of how large a grid were measured.
 
 **Fidelity** (``--fidelity CACHE``): every valid winner row of ``CACHE`` for this device is re-timed in
 this process (a fresh one, unlike the tuner's) on the key's representative problem with the tuner's
