@@ -343,7 +343,7 @@ def host_probe_us(reps: int = 5) -> float:
         for i in range(3000):
             d[i & 255] = d.get(i & 255, 0) + i * 3
         ts.append(time.perf_counter() - t0)
-    return sorted(ts)[len(ts) // 2] * 1e6
+    return _median(ts) * 1e6
 
 
 def steal_ticks() -> Optional[int]:

@@ -95,10 +95,6 @@ FALLBACK_CHAIN = ("sdpa_default", "eager")
 Quarantine = Set[Tuple[str, str]]
 
 
-def _cfg_json(config) -> str:
-    return config_key(config)
-
-
 def _config_reasons(variant, problem: AttentionProblem, config) -> List[str]:
     try:
         return variant.space(problem).validate(config)
@@ -123,7 +119,7 @@ def usable(name: str, config: Optional[dict], problem: AttentionProblem, quarant
             config = v.space(problem).first()
         except Exception as e:  # noqa: BLE001
             return [f"no valid default config ({e})"]
-    if (name, _cfg_json(config)) in quarantine:
+    if (name, config_key(config)) in quarantine:
         return ["quarantined (failed earlier in this process)"]
     return []
 
@@ -171,7 +167,7 @@ def fallback_plan(problem: AttentionProblem, key: Optional[TuneKey], why: Sequen
         if not registry.exists(name):
             continue
         r = _supports(registry.get(name), problem)
-        if not r and (name, _cfg_json(registry.get(name).space(problem).first())) in quarantine:
+        if not r and (name, config_key(registry.get(name).space(problem).first())) in quarantine:
             r = ["quarantined (failed earlier in this process)"]
         if not r:
             return _make(name, None, "fallback", problem, key, notes + [f"safe fallback: {name}"])
