@@ -46,6 +46,8 @@ from attntune.problem import DECODE_MAX_SQ
 NAME = "attntune"
 
 _REGISTERED = False
+_MISSING = object()
+_API_ATTENTION = None  # attntune.api.attention, imported on the first call (an import statement per call costs ~1 µs)
 
 
 def _hf_sdpa():
@@ -54,9 +56,23 @@ def _hf_sdpa():
     return sdpa_attention_forward
 
 
+def _module_attr(module, name: str, default):
+    """``getattr(module, name, default)`` without ``nn.Module.__getattr__``'s miss path: a name the module
+    lacks makes that path raise and catch an AttributeError (~2 µs a call, per layer per decode step).
+    An instance attribute is read from ``__dict__``; a class attribute (a property included) through
+    ``getattr``; a name neither has is one ``nn.Module.__getattr__`` would only find among parameters,
+    buffers or submodules, which an attention flag never is."""
+    d = getattr(module, "__dict__", None)
+    if d is not None and name in d:
+        return d[name]
+    if getattr(type(module), name, _MISSING) is _MISSING:
+        return default
+    return getattr(module, name, default)
+
+
 def _window_of(module: torch.nn.Module, sliding_window: Optional[int]) -> Optional[Tuple[int, int]]:
     """HF's sliding window ``kv_idx > q_idx - W`` (with causal) is attntune's ``window=(W - 1, 0)``."""
-    sw = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
+    sw = sliding_window if sliding_window is not None else _module_attr(module, "sliding_window", None)
     return (int(sw) - 1, 0) if sw is not None and sw > 0 else None
 
 
@@ -86,8 +102,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     → ``([B, Sq, Hq, Dv], None)``. ``attention_mask`` is None, a ``kv_lens`` tensor ``[B]`` from
     :func:`attention_mask`, or a materialised mask (see the module docstring for which calls attntune
     serves)."""
-    from attntune.api import attention  # the API layer: it also hands the runtime its online tuner
+    global _API_ATTENTION
+    if _API_ATTENTION is None:
+        from attntune.api import attention  # the API layer: it also hands the runtime its online tuner
 
+        _API_ATTENTION = attention
     kv_lens = _lens_of(attention_mask)
     unsupported = (dropout != 0.0 or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None
                    or kwargs.get("position_bias") is not None or kwargs.get("output_attentions", False)
@@ -101,7 +120,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                           sliding_window=sliding_window, **kwargs)
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
-        is_causal = getattr(module, "is_causal", True)
+        is_causal = _module_attr(module, "is_causal", True)
     window = None
     if is_causal:
         q_len, kv_len = query.shape[2], key.shape[2]
@@ -114,7 +133,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return _hf_sdpa()(module, query, key, value,
                           _mask_from_lens(kv_lens, query.shape[2], key.shape[2], None), dropout=dropout,
                           scaling=scaling, sliding_window=sliding_window, **kwargs)
-    out = attention(query, key, value, causal=bool(is_causal), window=window, scale=scaling, kv_lens=kv_lens)
+    out = _API_ATTENTION(query, key, value, causal=bool(is_causal), window=window, scale=scaling,
+                         kv_lens=kv_lens)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -261,3 +261,27 @@ def test_gpu_generate_bf16_served_by_decode_kernel(cache):
     assert decode and all(p["variant"] == "triton_decode" for p in decode), plans
     if cache == "static":
         assert any(p["problem"].endswith("kv_lens fwd") for p in decode)
+
+
+def test_module_attr_reads_instance_class_and_property_and_defaults_on_a_miss():
+    from attntune.hf import _module_attr, _window_of
+
+    class Attn(torch.nn.Module):
+        is_causal = False  # class attribute
+
+        def __init__(self):
+            super().__init__()
+            self.sliding_window = 4096  # instance attribute
+
+        @property
+        def scaling(self):
+            return 0.5
+
+    m = Attn()
+    assert _module_attr(m, "sliding_window", None) == 4096
+    assert _module_attr(m, "is_causal", True) is False
+    assert _module_attr(m, "scaling", None) == 0.5
+    assert _module_attr(m, "absent", "dflt") == "dflt"
+    assert _window_of(m, None) == (4095, 0)
+    assert _window_of(torch.nn.Linear(2, 2), None) is None  # a module without the attribute: no window
+    assert _window_of(m, 8) == (7, 0)  # transformers' argument wins over the module's attribute
