@@ -119,6 +119,29 @@ class SearchSpace:
         """Each candidate's ``space.first()`` (its default config): tried before any sampling."""
         return [(c.name, c.space.first()) for c in self.candidates]
 
+    def moves(self, variant: str, config: Config) -> List[Config]:
+        """The valid one-step neighbours of ``config``: one knob moved to an adjacent value of its
+        declared domain (domains are declared in order: block sizes, warps, stages and splits ascend),
+        every other knob kept. What the sweep's local refinement tries around the incumbent.
+
+        A value outside its domain (an old row's) has no neighbours along that knob."""
+        cand = self._by_name.get(variant)
+        if cand is None:
+            return []
+        out = []
+        for p in cand.space.params:
+            try:
+                i = list(p.choices).index(config.get(p.name))
+            except ValueError:
+                continue
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(p.choices):
+                    cfg = dict(config)
+                    cfg[p.name] = p.choices[j]
+                    if not cand.space.validate(cfg):
+                        out.append(cfg)
+        return out
+
     def validate(self, variant: str, config: Config) -> List[str]:
         cand = self._by_name.get(variant)
         if cand is None:

@@ -256,6 +256,7 @@ class RunMeter:
       down lengthens the step even where the host sets the pace;
     * ``gpu_util`` — NVML's share of time the GPU ran a kernel (min, median, max of the same samples): a
       slow run with the GPU busier is a slow device, one with it idler a slow host;
+    * ``power_w`` — the board's power draw (W; min, median, max): a power-capped card lowers its clock;
     * ``probe_us`` — a fixed piece of pure-Python work (:func:`host_probe_us`) timed just before and just
       after the run: CPU time alone cannot tell a slow host from a waiting one, because CUDA's default
       synchronisation spins (a sync on a slow GPU is CPU time too), but a host that computes slower runs
@@ -265,7 +266,7 @@ class RunMeter:
 
     def __init__(self, device, period: float = 0.1):
         self.period = period
-        self.samples, self.util = [], []
+        self.samples, self.util, self.power = [], [], []
         self._stop = None
         self._nvml = None
         if device.type == "cuda":
@@ -280,6 +281,10 @@ class RunMeter:
                 self.util.append(nv.nvmlDeviceGetUtilizationRates(h).gpu)
             except Exception:  # noqa: BLE001
                 return
+            try:  # not every board reports its power: the clocks go on without it
+                self.power.append(round(nv.nvmlDeviceGetPowerUsage(h) / 1000))
+            except Exception:  # noqa: BLE001
+                pass
 
     def __enter__(self):
         import resource
@@ -309,7 +314,7 @@ class RunMeter:
         steal = steal_ticks()
         if steal is not None and self._steal is not None:
             self.result["steal"] = steal - self._steal
-        for name, xs in (("sm_mhz", self.samples), ("gpu_util", self.util)):
+        for name, xs in (("sm_mhz", self.samples), ("gpu_util", self.util), ("power_w", self.power)):
             if xs:
                 xs = sorted(xs)
                 self.result[name] = [xs[0], xs[len(xs) // 2], xs[-1]]

@@ -257,7 +257,11 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]
             timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
             for fn, grads in calls:
                 timer.cheap(fn, grads)  # warm-up (compiles)
-            ts = interleaved(timer, calls, rounds)
+            meter = _meter(device, period=0.02)
+            with meter:
+                ts = interleaved(timer, calls, rounds)
+            # the card's state while timing (SM clock, power): tells a throttled card from a slower kernel
+            row.update({k: meter.result[k] for k in ("sm_mhz", "power_w") if k in meter.result})
             # the estimator the tuner stores (autotune.confirm): the median of rounds on a GPU, their
             # minimum on a CPU (robust to preemption)
             est = [min(t) if device.type == "cpu" else statistics.median(t) for t in ts]
@@ -272,6 +276,14 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def _meter(device, period: float):
+    """``bench_generate.RunMeter`` (NVML SM clock and power sampled by a thread; nothing recorded without
+    NVML or on a CPU)."""
+    from bench_generate import RunMeter
+
+    return RunMeter(device, period=period)
 
 
 def companion(rec, problem, inputs):

@@ -153,8 +153,10 @@ def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch
                                  nvmlDeviceGetHandleByIndex=lambda i: ("h", i),
                                  nvmlDeviceGetClockInfo=lambda h, kind: next(clocks),
                                  nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(
-                                     gpu=next(utils), memory=0))
+                                     gpu=next(utils), memory=0),
+                                 nvmlDeviceGetPowerUsage=lambda h: next(power))
     utils = iter([40, 97, 12] + [55] * 1000)
+    power = iter([650_400, 120_000, 300_000] + [400_000] * 1000)  # mW
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(bench_generate, "_NVML", {})  # NVML handles are kept per process
     import torch
@@ -168,6 +170,8 @@ def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch
     assert lo <= mid <= hi and lo in (990, 1200, 1500) and hi == 1980
     ulo, umid, uhi = meter.result["gpu_util"]
     assert ulo <= umid <= uhi and uhi == 97 and ulo in (12, 40, 55)
+    plo, pmid, phi = meter.result["power_w"]
+    assert plo <= pmid <= phi and phi == 650 and plo in (120, 300, 400)
     assert meter.result["wall_s"] > 0
 
 

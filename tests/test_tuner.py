@@ -19,7 +19,7 @@ from attntune.autotune.runner import run_tuning, run_worker, tune, tune_one
 from attntune.autotune.shapes import ShapeSpecError, parse_shape
 from attntune.autotune.space import SearchSpace, config_id
 from attntune.autotune.study import default_storage_url
-from attntune.autotune.sweep import SweepOptions
+from attntune.autotune.sweep import LOCAL_SHARE, SweepOptions
 from attntune.autotune.suites import SUITES, materialize
 from attntune.autotune.timing import TimingOptions
 from attntune.cache import CacheStore, WinnerRecord, judge, utcnow
@@ -332,6 +332,41 @@ def test_large_space_uses_tpe_prunes_invalid_configs_and_never_measures_twice(
     # the gate runs each measured config once and timing a few times; invalid configs never run
     assert all(json.loads(c)["a"] * json.loads(c)["b"] <= 8 for c in Tunable.calls)
     assert {"a": 2, "b": 2, "c": 0} in [json.loads(r["config_json"]) for r in measured]  # the default first
+
+
+def test_moves_are_the_valid_one_step_neighbours(register, monkeypatch):
+    register(Tunable())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_tunable")
+    space = SearchSpace(prob())
+    got = space.moves("t_tunable", {"a": 2, "b": 2, "c": 0})
+    # a 1|4, b 1|4, c 1 (c has no value below 0); a=4,b=4 would be invalid but needs two steps
+    assert sorted(map(json.dumps, got)) == sorted(map(json.dumps, [
+        {"a": 1, "b": 2, "c": 0}, {"a": 4, "b": 2, "c": 0}, {"a": 2, "b": 1, "c": 0}, {"a": 2, "b": 4, "c": 0},
+        {"a": 2, "b": 2, "c": 1}]))
+    assert space.moves("t_tunable", {"a": 8, "b": 1, "c": 3}) == [{"a": 4, "b": 1, "c": 3}, {"a": 8, "b": 1, "c": 2}]
+    assert space.moves("nope", {"a": 1}) == []
+
+
+def test_the_budget_tail_refines_the_incumbent_by_one_step_moves(tmp_path, monkeypatch, register):
+    register(Tunable())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_tunable")
+    store = CacheStore(tmp_path / "c.db")
+    p = prob()
+    [rec] = tune([p], cache=store, trials=9, timing=QUICK)
+    study = optuna.load_study(study_name=key_of(p).key_id, storage=default_storage_url(store.url))
+    done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured")]
+    assert len(done) == 9 and rec.trials == 9
+    space = SearchSpace(p)
+    local_n = int(9 * LOCAL_SHARE)
+    assert local_n == 3
+    for i in range(len(done) - local_n, len(done)):
+        before = [t for t in done[:i] if t.state == optuna.trial.TrialState.COMPLETE]
+        best = min(before, key=lambda t: t.value)
+        _, best_cfg = space.from_params(best.params)
+        _, cfg = space.from_params(done[i].params)
+        assert cfg in space.moves("t_tunable", best_cfg), (i, cfg, best_cfg)
+    ids = [config_id(*space.from_params(t.params)) for t in done]
+    assert len(set(ids)) == len(ids)  # never a config twice
 
 
 def test_warm_start_tries_the_nearest_tuned_neighbours_winners_first(tmp_path, monkeypatch, register):
