@@ -15,7 +15,8 @@ Order of trials (each measured at most once per study, whatever the sampler prop
    value of its domain), in seeded random order, re-centred whenever a move wins. With a budget of a few
    trials over a space of hundreds TPE samples too thinly to refine what the warm start found: the
    budgeted winner of an H200 decode key re-timed 7 % slower than the best of a larger sample
-   (``benchmarks/results/regret_h200.json``), with the better configs one or two knobs away.
+   (``benchmarks/results/regret_h200_2026-12-03b_13keys.json``), with the better configs a few knobs
+   away; with this step it was 0.5 % (``regret_h200.json``).
 
 Each trial: validity (an invalid combination is pruned without running), the correctness gate
 (:mod:`gate`), a cheap first timing (pruned when more than ``PRUNE_RATIO``× the best so far), the full
