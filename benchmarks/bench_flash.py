@@ -39,7 +39,13 @@ CASES = [
     ("fp32-tf32-fwd-S4096", 4, 16, 16, 4096, 128, "float32", False, None, "fwd", True),
     ("dense-fwdbwd-S8192", 4, 32, 32, 8192, 128, "bfloat16", False, None, "fwd_bwd", False),
     ("causal-fwdbwd-S8192", 4, 32, 32, 8192, 128, "bfloat16", True, None, "fwd_bwd", False),
+    # the training keys of benchmarks/regret.py (families16)
+    ("window512-fwdbwd-S2048-D128", 2, 16, 16, 2048, 128, "bfloat16", True, (512, 0), "fwd_bwd", False),
+    ("causal-fwdbwd-S1024-D64", 4, 16, 16, 1024, 64, "bfloat16", True, None, "fwd_bwd", False),
 ]
+# --wide-bwd: the backward grid measured beyond the tuning space (register model off, deeper pipelines),
+# to see where the tuning space and the defaults should be
+WIDE_BWD = {"BWD_BLOCK_M": (16, 32, 64), "BWD_BLOCK_N": (64, 128), "BWD_WARPS": (4, 8), "BWD_STAGES": (1, 2, 3, 4)}
 SDPA_BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
 # --dry-run: tiny versions of the cases on the CPU under the Triton interpreter (checks this script,
 # not speed); everything else targets "cuda"
@@ -190,6 +196,25 @@ def sweep(fn_of_cfg, cfgs, rep, grad_to_none=None, deadline=None) -> list[dict]:
     return out
 
 
+def bwd_grid(space, prob, wide: bool) -> list[dict]:
+    """The distinct backward configs to sweep: the tuning space's, or with ``wide`` every combination of
+    :data:`WIDE_BWD` that fits the device's shared memory (no register model: spilling is measured)."""
+    if not wide:
+        return [dict(t) for t in sorted({tuple((n, c[n]) for n in c if n.startswith("BWD")) for c in space.grid()})]
+    import itertools
+
+    from attntune.kernels.triton_common import block_d
+    from attntune.kernels.triton_flash.space import bwd_smem_bytes, device_arch, smem_limit
+
+    bd, es, limit = block_d(prob.head_dim), prob.torch_dtype.itemsize, smem_limit(device_arch(prob.device_type))
+    out = []
+    for vals in itertools.product(*WIDE_BWD.values()):
+        c = dict(zip(WIDE_BWD, vals))
+        if bwd_smem_bytes(c["BWD_BLOCK_M"], c["BWD_BLOCK_N"], bd, es, c["BWD_STAGES"]) <= limit:
+            out.append(c)
+    return out
+
+
 def sdpa_fn(q, k, v, prob, backend: str, do=None):
     import torch.nn.functional as F
     from attntune.kernels.masks import build_mask, needs_mask
@@ -299,7 +324,7 @@ def environment() -> dict:
 
 
 # ---- main ----------------------------------------------------------------------------------
-def run_case(case, rep, deadline, fwd_cache) -> dict:
+def run_case(case, rep, deadline, fwd_cache, wide_bwd=False) -> dict:
     from attntune.kernels import registry
 
     name, tf32 = case[0], case[10]
@@ -342,10 +367,7 @@ def run_case(case, rep, deadline, fwd_cache) -> dict:
         return res
     best_fwd = timed[0]["config"]
     if train:
-        bwd_cfgs = [
-            dict(b)
-            for b in sorted({tuple((n, c[n]) for n in c if n.startswith("BWD")) for c in space.grid()})
-        ]
+        bwd_cfgs = bwd_grid(space, prob, wide_bwd)
         bwd_cfgs = likely_fast_first(bwd_cfgs, split(default_cfg)[1])
         bwd_sweep = sweep(
             lambda b: ours_fn(q, k, v, prob, dict(best_fwd, **b), do),
@@ -472,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms) of the final timings")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--dry-run", action="store_true", help="tiny cases on the CPU (interpreter)")
+    ap.add_argument("--wide-bwd", action="store_true",
+                    help="sweep the backward over WIDE_BWD (shared-memory fit only), not the tuning space")
     args = ap.parse_args(argv)
     global DEV
     if args.dry_run:
@@ -499,12 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                 else [
                     dict(split(c)[0], **d)
                     for c in [sp.first()]
-                    for d in [
-                        dict(t)
-                        for t in sorted(
-                            {tuple((n, c2[n]) for n in c2 if n.startswith("BWD")) for c2 in sp.grid()}
-                        )
-                    ]
+                    for d in bwd_grid(sp, problem_of(case), args.wide_bwd)
                 ],
             )
         )
@@ -518,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         # an equal share of what is left, so that a slow case cannot starve the ones after it
         case_deadline = t + max(0.0, deadline - t) / (len(cases) - i)
         try:
-            res = run_case(case, args.rep, case_deadline, fwd_cache)
+            res = run_case(case, args.rep, case_deadline, fwd_cache, args.wide_bwd)
         except Exception as e:  # noqa: BLE001 — a failed baseline is reported, not fatal
             traceback.print_exc()
             res = {

@@ -41,7 +41,7 @@ for st in $STAGES; do
     doctor)   attntune doctor --json > "$W/doctor.json" 2>&1; python3 -c "import json;d=json.load(open('$W/doctor.json'));print([(c['layer'],c['rows'],c['valid'],c['stale'],c['rejected']) for c in d['caches']])" ;;
     suite)    CACHE_ARG=${ATTNTUNE_CACHE:-$W/cache.db}
               ATTNTUNE_CACHE=$CACHE_ARG timeout $T_SUITE python3 benchmarks/bench_suite.py --out "$W/suite.json" ${SUITE_ARGS:-} > "$W/suite.log" 2>&1; tail -60 "$W/suite.log" ;;
-    flash)    timeout $T_BENCH python3 benchmarks/bench_flash.py --out "$W/flash.json" > "$W/flash.log" 2>&1; tail -30 "$W/flash.log" ;;
+    flash)    timeout $T_BENCH python3 benchmarks/bench_flash.py --out "$W/flash.json" ${FLASH_ARGS:-} > "$W/flash.log" 2>&1; tail -30 "$W/flash.log" ;;
     decode)   timeout $T_BENCH python3 benchmarks/bench_decode.py --out "$W/decode.json" > "$W/decode.log" 2>&1; tail -30 "$W/decode.log" ;;
     dispatch) ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_BENCH python3 benchmarks/bench_dispatch.py --out "$W/dispatch_gpu.json" > "$W/dispatch.log" 2>&1; tail -15 "$W/dispatch.log" ;;
     e2e)      ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_E2E python3 benchmarks/e2e_gpt.py --out "$W/e2e_gpt.json" > "$W/e2e.log" 2>&1; tail -25 "$W/e2e.log" ;;

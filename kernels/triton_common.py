@@ -11,6 +11,7 @@ from typing import List
 
 import torch
 
+from attntune.kernels.launch_config import ON_ROCM  # noqa: F401 — re-exported for the Triton ops
 from attntune.problem import AttentionProblem
 from attntune.tolerances import tf32_allowed
 
@@ -19,7 +20,6 @@ LOG2E = 1.4426950408889634
 #: the smallest tensor-core tile side (``tl.dot`` needs M, N, K >= 16)
 MIN_BLOCK = 16
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-ON_ROCM = torch.version.hip is not None
 #: the dtypes the Triton kernels take (``tl.dot`` has no float64 path)
 TRITON_DTYPES = ("float16", "bfloat16", "float32")
 

@@ -68,8 +68,10 @@ HEURISTIC_RULES: Tuple[Rule, ...] = (
          "a graph per new KV length (35-54 ms each on the H200)"),
     Rule("local-training", ("cuda",), lambda p: p.is_local and p.mode == "fwd_bwd",
          ("flex", "triton_local", "triton_flash"),
-         "finite left window, forward+backward: FlexAttention's backward measured faster than ours on the "
-         "H200 (W=1024, S=16384: 3.03 vs 4.40 ms fwd+bwd; benchmarks/results/suite_h200.json)"),
+         "finite left window, forward+backward: FlexAttention and ours tie on the H200 since the backward "
+         "fix (W=1024, S=16384 fwd+bwd: Flex 3.05 ms, ours 2.99 ms at the sweep's best config and 3.07 ms "
+         "with the default backward config beside the best forward; "
+         "benchmarks/results/flash_h200_bwd_sweep.json): Flex first untuned, tuning decides"),
     Rule("local", ("cuda",), lambda p: p.is_local,
          ("triton_local", "triton_flash"),
          "finite left window: a block-skipping kernel costs O(S*W), SDPA's masked kernels O(S^2)"),

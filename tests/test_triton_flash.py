@@ -324,7 +324,7 @@ def test_space_is_modest_and_holds_the_hopper_configs():
     train = flash_space(p.model_copy(update={"mode": "fwd_bwd"}))
     assert {"BWD_BLOCK_M", "BWD_BLOCK_N", "BWD_WARPS", "BWD_STAGES"} <= set(train.names)
     assert "BWD_BLOCK_M" not in s.names
-    assert len(list(train.grid())) <= 600
+    assert len(list(train.grid())) <= 700  # 4 backward stage counts (3-4 won on the H200) since session 11
     for prob in (p, train and p.model_copy(update={"mode": "fwd_bwd"})):
         for d in (16, 64, 80, 96, 128, 160, 256):
             for dt in ("float16", "bfloat16", "float32"):

@@ -63,7 +63,10 @@ def _bwd_warps(default: int):
 
 
 def _bwd_stages(default: int):
-    return knob(default, (1, 2), "backward: software-pipeline stages", valid=_STAGES)
+    # 3-4 stages won every D=128 training case of the H200's wide sweep (benchmarks/bench_flash.py
+    # --wide-bwd, flash_h200_bwd_sweep.json): 1.08-1.3x over 2 stages at the same tiles
+    # (1 stage lost everywhere at D=128, 1.15-1.7x, but it is what fits shared memory at D > 128)
+    return knob(default, (1, 2, 3, 4), "backward: software-pipeline stages", valid=_STAGES)
 
 
 class _Launch(LaunchConfig):
@@ -96,10 +99,10 @@ class FlashBwdConfig(_Launch):
     rows; the dQ kernel mirrors the roles."""
 
     ARG = "bwd_config"
-    BWD_BLOCK_M: int = _bwd_m(32)
+    BWD_BLOCK_M: int = _bwd_m(64)
     BWD_BLOCK_N: int = _bwd_n(128)
     BWD_WARPS: int = _bwd_warps(8)
-    BWD_STAGES: int = _bwd_stages(2)
+    BWD_STAGES: int = _bwd_stages(3)
     waves_per_eu: int = _waves()
     matrix_instr_nonkdim: int = _nonkdim()
 
@@ -115,10 +118,10 @@ class FlashTrainConfig(FlashFwdConfig):
 
     BLOCK_M: int = _block_m(128, (64, 128))
     num_stages: int = _stages(3, (2, 3))
-    BWD_BLOCK_M: int = _bwd_m(32)
+    BWD_BLOCK_M: int = _bwd_m(64)
     BWD_BLOCK_N: int = _bwd_n(128)
     BWD_WARPS: int = _bwd_warps(8)
-    BWD_STAGES: int = _bwd_stages(2)
+    BWD_STAGES: int = _bwd_stages(3)
 
     @functools.cached_property
     def forward(self) -> FlashFwdConfig:
@@ -154,7 +157,10 @@ def default_bwd_config(head_dim: int, dtype: torch.dtype) -> FlashBwdConfig:
     if head_dim <= 64:
         return FlashBwdConfig(BWD_BLOCK_M=32, BWD_BLOCK_N=128, BWD_WARPS=8, BWD_STAGES=2)
     if head_dim <= 128:
-        return FlashBwdConfig(BWD_BLOCK_M=16, BWD_BLOCK_N=128, BWD_WARPS=8, BWD_STAGES=2)
+        # H200, D=128 bf16 (wide sweep, flash_h200_bwd_sweep.json): within 1 % of the best of 48 backward
+        # configs on causal S=8192 and 5 % on window-1024 S=16384; the former default (16/128/8/2) was
+        # 1.47x (window) and 1.48x (causal) slower
+        return FlashBwdConfig(BWD_BLOCK_M=64, BWD_BLOCK_N=128, BWD_WARPS=8, BWD_STAGES=3)
     return FlashBwdConfig(BWD_BLOCK_M=16, BWD_BLOCK_N=64, BWD_WARPS=8, BWD_STAGES=1)
 
 
