@@ -16,7 +16,8 @@ description instead of a materialised ``[B, 1, Sq, Skv]`` mask:
   transformers means torch's top-left causal (a static cache's unwritten tail in prefill; HF's own SDPA
   path slices the keys to ``Sq`` for the same reason), so the keys are sliced likewise.
 * **kv_lens** for decode (``Sq <= 16``) over a cache whose buffer is longer than what it holds —
-  transformers' static cache, whose mask would otherwise hide the unwritten slots:
+  transformers' static cache, whose mask would otherwise hide the unwritten slots (and on the step that
+  fills that buffer, so that a compiled decode step sees one input set every step):
   ``kv_lens = q_offset + Sq - kv_offset`` keys are valid, and the last ``Sq`` of them are the queries
   (attntune's bottom-right ``kv_lens`` semantics, exactly transformers' mask). It travels where the mask
   would, as an int32 tensor of shape ``[B, 1, 1, 1]`` (transformers' masks are bool or float, and
@@ -203,8 +204,13 @@ def _described(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offs
     if not 0 < valid <= kv_length or not _no_padding(attention_mask, kv_offset, q_off + q_length):
         return ...
     if valid == kv_length and (q_length == 1 or q_length == kv_length):
-        return None  # the keys end at the last query: bottom-right = top-left here, nothing to mask
-        # (with 1 < Sq < Skv a missing mask means top-left to transformers: described by kv_lens below)
+        # the keys end at the last query: bottom-right = top-left here, nothing to mask (with 1 < Sq < Skv
+        # a missing mask means top-left to transformers: described by kv_lens below) — except a static
+        # cache's decode step (a tensor position) that fills its buffer: it keeps the kv_lens carrier of
+        # every other step, so that a compiled decode step sees the same inputs each step (None here made
+        # torch.compile recompile it on the last step of every generate that fills the cache)
+        if not (q_length == 1 and isinstance(q_offset, torch.Tensor)):
+            return None
     if q_off == 0 and kv_offset == 0 and q_length > 1:
         return None  # prefill into a longer buffer: causal over the first Sq keys (the forward slices)
     if q_length <= DECODE_MAX_SQ:

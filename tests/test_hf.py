@@ -138,10 +138,9 @@ def test_generate_with_static_cache_uses_kv_lens(kind):
         torch.testing.assert_close(la, ls, atol=1e-5, rtol=1e-5)
     problems = [p["problem"] for p in attntune.stats()["plans"]]
     decode = [p for p in problems if " S1x" in p]
-    if kind == "llama":  # a buffer longer than the tokens: the valid lengths travel as kv_lens (the
-        # last step fills the buffer: then nothing is masked at all)
-        assert any(p.endswith("kv_lens fwd") for p in decode), problems
-        assert len([p for p in decode if not p.endswith("kv_lens fwd")]) <= 1, problems
+    if kind == "llama":  # a buffer longer than the tokens: the valid lengths travel as kv_lens, on the
+        # step that fills the buffer too (the same inputs every step: no recompile of a compiled step)
+        assert decode and all(p.endswith("kv_lens fwd") for p in decode), problems
     else:  # HF's static sliding layer holds exactly the last W keys: nothing to mask
         assert decode == [f"B2 H4/2 S1x{WINDOW} D16 float32 fwd"], problems
 
@@ -193,6 +192,47 @@ def test_mask_function_gives_kv_lens_for_a_static_cache_decode():
                                       **{**common, "attention_mask": pad})
     ref = sdpa_mask(q_offset=torch.tensor(11), mask_function=causal_mask_function, **{**common, "attention_mask": pad})
     assert ours.dim() == 4 and torch.equal(ours, ref)
+
+
+def test_static_cache_step_that_fills_the_buffer_keeps_kv_lens():
+    """The decode step that fills a static buffer (valid == Skv) still gets the kv_lens carrier (a compiled
+    step must see one input set); a dynamic cache's full step (an int position) gets no mask at all."""
+    from transformers.masking_utils import causal_mask_function
+
+    common = dict(batch_size=2, q_length=1, kv_length=12, kv_offset=0, mask_function=causal_mask_function,
+                  attention_mask=torch.ones(2, 12, dtype=torch.bool))
+    carrier = attntune.hf.attention_mask(q_offset=torch.tensor(11), **common)
+    assert attntune.hf._lens_of(carrier).tolist() == [12, 12]
+    assert attntune.hf.attention_mask(q_offset=11, **common) is None
+
+
+def test_compiled_static_generate_compiles_the_decode_step_once():
+    """transformers' automatic compilation of the static-cache decode step (forced on the CPU, eager
+    backend: dynamo's tracing and guards without code generation) compiles one graph for attntune, as for
+    HF's SDPA path, and generates the same tokens."""
+    from torch._dynamo.utils import counters
+    from transformers.generation.configuration_utils import CompileConfig
+
+    ours, sdpa = _models("llama", ["attntune", "sdpa"])
+    ids = _ids(batch=2, seq=9)
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(ids),
+              cache_implementation="static")
+    graphs = {}
+    outs = {}
+    for name, m in (("attntune", ours), ("sdpa", sdpa)):
+        cc = CompileConfig(backend="eager", fullgraph=False)
+        cc._compile_all_devices = True  # transformers compiles on CUDA/XPU only unless told
+        m.generation_config.compile_config = cc
+        torch._dynamo.reset()
+        counters.clear()
+        with torch.no_grad():
+            outs[name] = [m.generate(ids, **kw) for _ in range(2)]  # two generates: a recompile would show
+        graphs[name] = counters["stats"]["unique_graphs"]
+    assert graphs["sdpa"] >= 1, "transformers did not compile the decode step: the test proves nothing"
+    assert graphs["attntune"] == graphs["sdpa"] == 1, graphs
+    for a, s in zip(outs["attntune"], outs["sdpa"]):
+        assert torch.equal(a, s)
+    torch._dynamo.reset()
 
 
 def test_dropout_in_training_goes_to_sdpa():
