@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 from collections import Counter
@@ -348,14 +349,35 @@ def test_moves_are_the_valid_one_step_neighbours(register, monkeypatch):
 
 
 def test_the_budget_tail_refines_the_incumbent_by_one_step_moves(tmp_path, monkeypatch, register):
+    """Every config costs a fixed virtual time far apart from the others (20 ms steps, a seeded order), so
+    which config is the incumbent never depends on this machine's noise: with real timings of equal
+    kernels a loaded CPU reordered them and the run went another way (a flaky failure)."""
+    from attntune.autotune import timing
+
     register(Tunable())
     monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_tunable")
+    valid = [{"a": a, "b": b, "c": c} for a in (1, 2, 4, 8) for b in (1, 2, 4, 8) for c in range(4) if a * b <= 8]
+    random.Random(0).shuffle(valid)
+    cost_s = {json.dumps(c, sort_keys=True): 0.001 + 0.02 * i for i, c in enumerate(valid)}
+    virtual = {"s": 0.0}
+    real_run = Tunable.run
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        virtual["s"] += cost_s[json.dumps(config, sort_keys=True)]
+        return real_run(self, q, k, v, problem, config, kv_lens)
+
+    monkeypatch.setattr(Tunable, "run", run)
+    monkeypatch.setattr(timing, "CLOCK", lambda: time.perf_counter() + virtual["s"])
     store = CacheStore(tmp_path / "c.db")
     p = prob()
     [rec] = tune([p], cache=store, trials=9, timing=QUICK)
     study = optuna.load_study(study_name=key_of(p).key_id, storage=default_storage_url(store.url))
     done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured")]
     assert len(done) == 9 and rec.trials == 9
+    for t in done:  # the timer ran on the virtual clock: each value is its config's cost (+ real noise)
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            cost_ms = 1e3 * cost_s[json.dumps(space_cfg(t), sort_keys=True)]
+            assert cost_ms <= t.value < cost_ms + 10, (t.value, cost_ms)
     space = SearchSpace(p)
     local_n = int(9 * LOCAL_SHARE)
     assert local_n == 3
@@ -367,6 +389,11 @@ def test_the_budget_tail_refines_the_incumbent_by_one_step_moves(tmp_path, monke
         assert cfg in space.moves("t_tunable", best_cfg), (i, cfg, best_cfg)
     ids = [config_id(*space.from_params(t.params)) for t in done]
     assert len(set(ids)) == len(ids)  # never a config twice
+
+
+def space_cfg(trial) -> dict:
+    """A measured trial's config, as the tuner recorded it."""
+    return json.loads(trial.user_attrs["config"])
 
 
 def test_warm_start_tries_the_nearest_tuned_neighbours_winners_first(tmp_path, monkeypatch, register):
