@@ -136,6 +136,37 @@ def test_config_domain_checked(tmp_path):
     assert missing.status == "rejected" and "missing" in missing.reasons[0]
 
 
+def test_a_row_whose_variant_changed_its_config_format_is_stale_not_rejected():
+    """A kernel change that adds a launch knob stales the rows written before it (their source hash differs)
+    and puts their configs out of the new domain: they read as stale (not damaged), never as hints; the same
+    out-of-domain config under the current source is rejected."""
+    from attntune.kernels.base import Param, Space, Variant
+
+    class Knobbed(Variant):
+        name = "test_knobbed"
+
+        def supports(self, problem):
+            return []
+
+        def space(self, problem):
+            return Space((Param("BLOCK", (16, 32)), Param("NEW_KNOB", (0, 1))))
+
+        def run(self, q, k, v, problem, config, kv_lens=None):
+            return q
+
+    registry.register(Knobbed())
+    try:
+        rec = make_rec(variant="test_knobbed", config={"BLOCK": 16})
+        same = judge(record_to_row(rec), "t")
+        old_fp = rec.fingerprint.model_copy(update={"variant_hash": "before-the-knob"})
+        old = judge(record_to_row(rec.model_copy(update={"fingerprint": old_fp})), "t")
+    finally:
+        registry.unregister("test_knobbed")
+    assert same.status == "rejected" and "missing parameter NEW_KNOB" in same.reasons[0]
+    assert old.status == "stale" and not old.hint
+    assert old.reasons == ["variant source changed", "config out of domain: missing parameter NEW_KNOB"]
+
+
 @pytest.mark.parametrize("content", [b"", b"garbage" * 100, b"SQLite format 3\x00" + b"\x00" * 50])
 def test_broken_system_cache_warns_once(tmp_path, monkeypatch, content):
     bad = tmp_path / "cache.db"

@@ -202,11 +202,15 @@ def judge(raw: Dict[str, Any], origin: str, variants: Optional[VariantLookup] = 
         bad = variant.space(problem).validate(rec.config)
     except Exception as e:  # noqa: BLE001
         bad = [f"space check raised {type(e).__name__}: {e}"]
-    if bad:
-        return CachedRow(key_id=key_id, origin=origin, status="rejected",
-                         reasons=[f"config out of domain: {'; '.join(bad)}"], record=rec)
     current = software_fingerprint(variant.source_hash(), rec.key.device.device_type)
     stale = rec.fingerprint.stale_reasons(current)
+    if bad:
+        domain = f"config out of domain: {'; '.join(bad)}"
+        if not rec.fingerprint.same_source(current):
+            # the variant's code changed since the row was written, and its config format with it (e.g. a
+            # new launch knob): an outdated row, not a damaged one — stale, never a hint
+            return CachedRow(key_id=key_id, origin=origin, status="stale", reasons=stale + [domain], record=rec)
+        return CachedRow(key_id=key_id, origin=origin, status="rejected", reasons=[domain], record=rec)
     if stale:
         return CachedRow(key_id=key_id, origin=origin, status="stale", reasons=stale, record=rec,
                          hint=rec.fingerprint.same_source(current))
