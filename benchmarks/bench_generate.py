@@ -21,8 +21,10 @@ Sections of the JSON (``--out``, rewritten after every case so that a timeout st
   generate with ``max_new_tokens=1`` is timed after each run as the prefill cost, and decode tokens/s =
   batch * (new_tokens - 1) / (median full - median prefill). The greedy tokens of attntune and SDPA are
   compared (fraction equal; bf16 rounding may legitimately make them diverge: reported, not failed).
-  Static caches run eagerly (``disable_compile=True``); ``--compiled-static`` adds one small case with
-  transformers' automatic compilation of the decode step (``compiled_static``).
+  Static caches run eagerly (``disable_compile=True``); ``--compiled-static`` adds the cases of
+  ``--compiled-cases`` (``model:B:P``, default one small Llama case) with transformers' automatic
+  compilation of the decode step (``compiled``; ``compiled_static`` is the first one), where the host
+  overhead of an HF step is gone and attention's device time shows.
 * ``fresh`` -- protocol "fresh" (``--protocol fresh|both``): per impl a new Python process builds one
   model, runs one long prefill (B=2 x 4096 tokens), one short warm-up generate, then times the case.
 * ``serving`` -- a raw decode loop (B=2, 32/8 heads, D=64): per step 8 attention calls over the first L
@@ -875,6 +877,7 @@ def summarize(doc) -> dict:
     nl = (doc.get("new_length") or {}).get("attntune") or {}
     eq = [c["tokens_equal_frac"] for c in cases if c.get("tokens_equal_frac") is not None]
     cs = doc.get("compiled_static") or {}
+    comp = [c["ratio"] for c in doc.get("compiled") or [] if c.get("ratio")]
     return {
         "geomean_vs_sdpa": _geomean(rs),
         "min_vs_sdpa": min(rs) if rs else None,
@@ -898,6 +901,8 @@ def summarize(doc) -> dict:
         "new_length_extra_us_sdpa": ((doc.get("new_length") or {}).get("sdpa") or {}).get("extra_us_median"),
         "fresh_vs_sdpa": _geomean([f.get("ratio") for f in doc.get("fresh", [])]),
         "compiled_static_vs_sdpa": cs.get("ratio"),
+        "compiled_geomean_vs_sdpa": _geomean(comp),
+        "compiled_min_vs_sdpa": min(comp) if comp else None,
         "tokens_equal_frac_min": min(eq) if eq else None,
         "slow_runs": slow_run_attribution(cases),
         "cases": len(doc["cases"]),
@@ -962,6 +967,9 @@ def _resolve(args, gpu: bool):
     args.prompts = _csv(args.prompts, int)
     args.impls = _csv(args.impls)
     args.fresh_models = _csv(args.fresh_models) if args.fresh_models else list(args.models)
+    if args.smoke and args.compiled_cases == "llama:1:512":
+        args.compiled_cases = "llama:2:12"
+    args.compiled_cases = _compiled_cases(args.compiled_cases)
     for k in args.models + args.fresh_models:
         if k not in KINDS:
             raise SystemExit(f"--models: unknown kind {k!r} (choose from {', '.join(KINDS)})")
@@ -971,6 +979,17 @@ def _resolve(args, gpu: bool):
     if args.smoke:
         args.graphs = False
     return args
+
+
+def _compiled_cases(text: str):
+    """``model:B:P,...`` -> [(model, B, P)]; a clear error naming ``--compiled-cases`` otherwise."""
+    out = []
+    for item in _csv(text):
+        parts = item.strip().split(":")
+        if len(parts) != 3 or parts[0] not in KINDS or not (parts[1].isdigit() and parts[2].isdigit()):
+            raise SystemExit(f"--compiled-cases: expected model:B:P with model in {', '.join(KINDS)}, got {item!r}")
+        out.append((parts[0], int(parts[1]), int(parts[2])))
+    return out
 
 
 def parse_args(argv=None):
@@ -994,7 +1013,9 @@ def parse_args(argv=None):
     ap.add_argument("--prefill-split", action=argparse.BooleanOptionalAction, default=True,
                     help="also time max_new_tokens=1 generates to report decode-only tokens/s")
     ap.add_argument("--compiled-static", action="store_true",
-                    help="one extra case (llama, static cache, B=1, P=512) with transformers' auto-compile")
+                    help="the --compiled-cases with a static cache and transformers' auto-compile")
+    ap.add_argument("--compiled-cases", default="llama:1:512",
+                    help="model:B:P list of the compiled static cases (default llama:1:512; --smoke: llama:2:12)")
     ap.add_argument("--fresh-models", help="model kinds of the fresh protocol (default: --models)")
     ap.add_argument("--fresh-batch", type=int)
     ap.add_argument("--fresh-prompt", type=int)
@@ -1022,8 +1043,7 @@ def _print_table(doc):
         _log(f"fresh   {f['model']:7s} {f['cache']:7s} B={f['batch']} P={f['prompt']}: "
              + "  ".join(f"{i} {r.get('tok_s') or float('nan'):.0f} tok/s" for i, r in f["impls"].items())
              + (f"  ratio {f['ratio']:.3f}" if f.get("ratio") else ""))
-    cs = doc.get("compiled_static")
-    if cs:
+    for cs in doc.get("compiled") or []:
         _log(f"compiled static {cs['model']} B={cs['batch']} P={cs['prompt']}: "
              + "  ".join(f"{i} {'ERROR' if 'error' in r else format(r.get('tok_s') or float('nan'), '.0f')}"
                          for i, r in cs["impls"].items())
@@ -1088,7 +1108,8 @@ def main(argv=None):
         torch.set_num_threads(1)  # tiny tensors: threads only add noise (and stalls on a busy CPU)
     device = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    max_pos = max([8192, args.fresh_prefill] + [p + args.new_tokens for p in args.prompts])
+    max_pos = max([8192, args.fresh_prefill] + [p + args.new_tokens for p in args.prompts]
+                  + [p + args.new_tokens for _, _, p in args.compiled_cases])
     t0 = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -1098,6 +1119,7 @@ def main(argv=None):
            "models": {k: model_config(k, args.smoke, max_pos)[1].to_dict() for k in KINDS},
            "transformers": transformers.__version__,
            "cpu": cpu_state(), "cases": [], "fresh": [], "serving": {}, "new_length": {}, "compiled_static": None,
+           "compiled": [],
            "summary": {}}
 
     def save():
@@ -1119,7 +1141,9 @@ def main(argv=None):
         _log(f"[{time.perf_counter() - t0:7.1f}s] new-length host cost done")
 
     resident = args.protocol in ("resident", "both")
-    kinds = [k for k in KINDS if (resident and k in args.models) or (k == "llama" and args.compiled_static)]
+    compiled = {k: [(b, p) for m, b, p in args.compiled_cases if m == k] for k in KINDS} if args.compiled_static \
+        else {k: [] for k in KINDS}
+    kinds = [k for k in KINDS if (resident and k in args.models) or compiled[k]]
     for kind in kinds:
         t1 = time.perf_counter()
         models, cfg = build_models(kind, args.impls, device, dtype, args.smoke, max_pos)
@@ -1133,15 +1157,15 @@ def main(argv=None):
                         doc["cases"].append(rec)
                         save()
                         _log(_case_line(rec, time.perf_counter() - t0))
-        if kind == "llama" and args.compiled_static:
-            b, p = (2, 12) if args.smoke else (1, 512)
+        for b, p in compiled[kind]:
             try:
                 rec = run_case(models, kind, "static", b, p, args, device, cfg.vocab_size, compile_ok=True)
                 rec["worked"] = {i: "error" not in r for i, r in rec["impls"].items()}
             except Exception as e:  # noqa: BLE001 — never crash the run
                 rec = {"model": kind, "cache": "static", "batch": b, "prompt": p, "compiled": True,
                        "impls": {}, "error": _err(e), "worked": False}
-            doc["compiled_static"] = rec
+            doc["compiled"].append(rec)
+            doc["compiled_static"] = doc["compiled"][0]
             save()
             _log(_case_line({**rec, "cache": "st-comp", "elapsed_s": rec.get("elapsed_s", 0.0)},
                             time.perf_counter() - t0))

@@ -107,6 +107,32 @@ def test_bench_generate_smoke(tmp_path):
     assert any(ln.split()[:3] == ["model", "cache", "B"] for ln in lines[-8:]), p.stdout[-2000:]
 
 
+def test_bench_generate_compiled_cases(tmp_path):
+    """The compiled static cases run each model:B:P given (on a CPU transformers does not compile: this
+    checks the wiring and the JSON), and a malformed list is refused naming the option."""
+    out = tmp_path / "generate.json"
+    env = dict(os.environ, ATTNTUNE_SYSTEM_CACHE="", ATTNTUNE_CACHE=str(tmp_path / "cache.db"))
+    env.pop("TRITON_INTERPRET", None)
+    base = [sys.executable, str(SCRIPT), "--smoke", "--models=", "--protocol", "resident", "--no-serving",
+            "--no-new-length", "--compiled-static", "--out", str(out)]
+    p = subprocess.run(base + ["--compiled-cases", "llama:2:12, mistral:1:10"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["cases"] == []
+    got = [(c["model"], c["batch"], c["prompt"]) for c in doc["compiled"]]
+    assert got == [("llama", 2, 12), ("mistral", 1, 10)]
+    for c in doc["compiled"]:
+        assert c["compiled"] and c["cache"] == "static" and c["worked"] == {i: True for i in IMPLS}, c
+    assert doc["compiled_static"] == doc["compiled"][0]
+    s = doc["summary"]
+    assert _finite(s["compiled_geomean_vs_sdpa"]) and _finite(s["compiled_min_vs_sdpa"])
+    assert s["compiled_static_vs_sdpa"] == doc["compiled"][0]["ratio"]
+    bad = subprocess.run(base + ["--compiled-cases", "llama:2"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert bad.returncode != 0 and "--compiled-cases" in bad.stderr, bad.stderr[-2000:]
+
+
 def test_spread_fields_pair_best_and_noise():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
