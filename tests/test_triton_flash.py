@@ -449,3 +449,60 @@ def _gpu_config_cases():
 def test_gpu_every_config_valid(d, dtype, cfg, bcfg):
     q, k, v = qkv(1, 4, 2, 1025, 1100, d, dtype=getattr(torch, dtype))
     check(q, k, v, causal=True, config=cfg, bwd_config=bcfg, grad=bcfg is not None, ref_dtype=torch.float32)
+
+
+# ---- tensor-descriptor (TMA) loads: FlashFwdConfig.LOADS -------------------------------------------
+DESC_CASES = [
+    # id, (B, Hq, Hkv, Sq, Skv, D), dtype, kwargs — odd lengths (descriptor zero fill / clipped stores
+    # past the sequence), D padded to the block (80 -> 128), GQA, windows, empty rows
+    ("gqa-causal-d80", (2, 4, 2, 37, 53, 80), torch.float32, {"causal": True}),
+    ("window-fp16", (1, 2, 1, 70, 70, 64), torch.float16, {"causal": True, "window": (20, 0)}),
+    ("sq>skv-empty-rows", (1, 2, 2, 45, 20, 32), torch.float32, {"causal": True}),
+    ("two-sided-window", (2, 2, 2, 33, 47, 16), torch.float32, {"window": (5, 9)}),
+]
+
+
+@pytest.mark.parametrize("loads", [1, 2])
+@pytest.mark.parametrize("name,shape,dtype,kw", DESC_CASES, ids=[c[0] for c in DESC_CASES])
+def test_descriptor_loads_match_the_reference_and_pointer_loads(loads, name, shape, dtype, kw):
+    b, hq, hkv, sq, skv, d = shape
+    q, k, v = qkv(b, hq, hkv, sq, skv, d, dtype=dtype)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # HF's [B, S, H, D] layout seen as [B, H, S, D]
+    assert launch.descriptor_ok(q) and launch.descriptor_ok(k)
+    cfg = dict(SMALL_FWD, LOADS=loads)
+    out = check(q, k, v, config=cfg, grad=False, **kw)
+    ptr = flash_attention(q, k, v, config=SMALL_FWD, **{n: x for n, x in kw.items()})
+    torch.testing.assert_close(out, ptr, atol=1e-6, rtol=1e-5)
+
+
+def test_descriptor_loads_fall_back_to_pointers_where_tma_cannot_read(monkeypatch):
+    """Expanded (stride-0) K/V and rows that are not a multiple of 16 bytes (D=20 in fp16: 40 bytes)
+    cannot be described: the launch takes pointer loads, with the same results."""
+    taken = []
+    real = launch._descriptors
+    monkeypatch.setattr(launch, "_descriptors", lambda *a: taken.append(real(*a)) or taken[-1])
+    q, k, v = qkv(1, 2, 1, 19, 23, 32)
+    ke, ve = k.expand(1, 2, 23, 32), v.expand(1, 2, 23, 32)
+    assert not launch.descriptor_ok(ke)
+    check(q, ke, ve, causal=True, config=dict(SMALL_FWD, LOADS=1), grad=False)
+    q2, k2, v2 = qkv(1, 2, 2, 19, 23, 20, dtype=torch.float16)
+    assert not launch.descriptor_ok(q2)
+    check(q2, k2, v2, causal=True, config=dict(SMALL_FWD, LOADS=1), grad=False)
+    q3, k3, v3 = qkv(1, 2, 2, 19, 23, 32)
+    check(q3, k3, v3, causal=True, config=dict(SMALL_FWD, LOADS=1), grad=False)
+    assert [t is not None for t in taken] == [False, False, True]
+
+
+def test_descriptor_loads_are_a_hopper_knob_of_forward_keys_only():
+    from attntune.kernels.triton_flash.config import FlashTrainConfig
+    from attntune.kernels.triton_flash.space import constraint_reasons
+
+    cfg = FlashFwdConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, LOADS=2)
+    assert constraint_reasons(cfg, 128, torch.bfloat16, "sm_90") == []
+    for arch in ("sm_80", "sm_89", "gfx9"):
+        assert any("LOADS" in r for r in constraint_reasons(cfg, 128, torch.bfloat16, arch)), arch
+    assert dict(FlashFwdConfig.knobs(False))["LOADS"].choices == (0, 1, 2)
+    assert dict(FlashTrainConfig.knobs(False))["LOADS"].choices == (0,)
+    assert FlashTrainConfig(LOADS=0).forward.LOADS == 0
+    with pytest.raises(ValueError, match="LOADS"):
+        FlashFwdConfig.from_dict({"LOADS": 3}, rocm=False)

@@ -26,6 +26,10 @@ _TILE = pow2_at_least(MIN_BLOCK)
 _STAGES = at_least(1)
 
 
+def _LOADS(v: int):  # noqa: N802 — a knob's validity check, named as the knob
+    return None if v in (0, 1, 2) else f"must be 0, 1 or 2, got {v}"
+
+
 def _block_m(default: int, choices=(32, 64, 128)):
     return knob(default, choices, "query rows per program (resident Q tile)", valid=_TILE)
 
@@ -40,6 +44,11 @@ def _warps(default: int, choices=(4, 8)):
 
 def _stages(default: int, choices=(1, 2, 3, 4)):
     return knob(default, choices, "software-pipeline stages of the K/V loads", valid=_STAGES)
+
+
+def _loads(choices=(0, 1, 2)):
+    return knob(0, choices, "Q/K/V/O traffic: 0 pointer loads; 1 tensor descriptors (TMA, sm_90+); "
+                "2 descriptors and a warp-specialized key loop (sm_90+)", valid=_LOADS)
 
 
 def _waves():
@@ -87,6 +96,7 @@ class FlashFwdConfig(_Launch):
     num_stages: int = _stages(3)
     waves_per_eu: int = _waves()
     matrix_instr_nonkdim: int = _nonkdim()
+    LOADS: int = _loads()
 
     def launch_opts(self) -> Dict[str, int]:
         """Triton's launch options of the forward kernel."""
@@ -118,6 +128,7 @@ class FlashTrainConfig(FlashFwdConfig):
 
     BLOCK_M: int = _block_m(128, (64, 128))
     num_stages: int = _stages(3, (2, 3))
+    LOADS: int = _loads((0,))  # training forwards keep pointer loads until descriptors are measured
     BWD_BLOCK_M: int = _bwd_m(64)
     BWD_BLOCK_N: int = _bwd_n(128)
     BWD_WARPS: int = _bwd_warps(8)
@@ -125,8 +136,9 @@ class FlashTrainConfig(FlashFwdConfig):
 
     @functools.cached_property
     def forward(self) -> FlashFwdConfig:
-        return FlashFwdConfig(self.BLOCK_M, self.BLOCK_N, self.num_warps, self.num_stages, self.waves_per_eu,
-                              self.matrix_instr_nonkdim)
+        return FlashFwdConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, num_warps=self.num_warps,
+                              num_stages=self.num_stages, waves_per_eu=self.waves_per_eu,
+                              matrix_instr_nonkdim=self.matrix_instr_nonkdim, LOADS=self.LOADS)
 
     @functools.cached_property
     def backward(self) -> FlashBwdConfig:

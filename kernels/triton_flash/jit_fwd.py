@@ -102,27 +102,39 @@ def _fwd_kv_loop(
     win_left,
     win_right,
     qk_scale,
+    desc_k,
+    desc_v,
+    off_b,
+    off_hk,
     BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    DESC: tl.constexpr,
+    WS: tl.constexpr,
 ):
     """Online softmax over key blocks [start, end) (step BLOCK_N). acc [BM, BD] fp32, l_i/m_i [BM] fp32
-    (m_i in log2 units, already scaled)."""
+    (m_i in log2 units, already scaled). With ``DESC`` K/V tiles come through the 4-D tensor descriptors
+    ``desc_k``/``desc_v`` ([B, Hkv, Skv, D], block [1, 1, BN, BD]: TMA on sm_90, zero fill past Skv and D);
+    ``WS`` warp-specializes the loop (producer warps issue the loads)."""
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in range(start, end, BLOCK_N):
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         col_ok = cols < seqlen_kv
         # K^T tile [BD, BN] and V tile [BN, BD]
-        kt = load_tile(
-            k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-            col_ok[None, :],
-            d_ok[:, None],
-            MASKED,
-            EVEN_D,
-        )
+        if DESC:
+            kt = tl.trans(desc_k.load([off_b, off_hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))
+        else:
+            kt = load_tile(
+                k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                col_ok[None, :],
+                d_ok[:, None],
+                MASKED,
+                EVEN_D,
+            )
         qk = tl.dot(q, kt, input_precision=DOT_PREC)  # [BM, BN] fp32
         if MASKED:
             ok = col_ok[None, :]
@@ -143,13 +155,16 @@ def _fwd_kv_loop(
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = load_tile(
-            v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-            col_ok[:, None],
-            d_ok[None, :],
-            MASKED,
-            EVEN_D,
-        )
+        if DESC:
+            v = desc_v.load([off_b, off_hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        else:
+            v = load_tile(
+                v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                col_ok[:, None],
+                d_ok[None, :],
+                MASKED,
+                EVEN_D,
+            )
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
@@ -187,6 +202,10 @@ def flash_fwd_kernel(
     win_left,
     win_right,
     qk_scale,
+    desc_q,
+    desc_k,
+    desc_v,
+    desc_o,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -194,9 +213,15 @@ def flash_fwd_kernel(
     HAS_RIGHT: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    DESC: tl.constexpr,
+    WS: tl.constexpr,
 ):
     """Grid: 1-D, cdiv(Sq, BLOCK_M) * B * Hq programs (1-D so that B*Hq may exceed 65535).
-    Q [B,Hq,Sq,D], K/V [B,Hkv,Skv,D], O [B,Hq,Sq,D] with any strides; LSE [B,Hq,Sq] contiguous fp32."""
+    Q [B,Hq,Sq,D], K/V [B,Hkv,Skv,D], O [B,Hq,Sq,D] with any strides; LSE [B,Hq,Sq] contiguous fp32.
+    With ``DESC`` (the launcher's ``LOADS >= 1``) Q, K, V and O move through the 4-D tensor descriptors
+    ``desc_*`` (None otherwise) — TMA on sm_90: loads zero-fill past the sequence and D, stores clip
+    there, so no masks are needed on those axes; ``WS`` (``LOADS == 2``) warp-specializes the unmasked
+    key loop."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(seqlen_q, BLOCK_M)
     bh = pid // num_m
@@ -216,13 +241,16 @@ def flash_fwd_kernel(
     d_ok = offs_d < head_dim
     row_ok = offs_m < seqlen_q
 
-    q = load_tile(
-        q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-        row_ok[:, None],
-        d_ok[None, :],
-        True,
-        EVEN_D,
-    )
+    if DESC:
+        q = desc_q.load([off_b, off_h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+    else:
+        q = load_tile(
+            q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+            row_ok[:, None],
+            d_ok[None, :],
+            True,
+            EVEN_D,
+        )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -253,12 +281,19 @@ def flash_fwd_kernel(
             win_left,
             win_right,
             qk_scale,
+            desc_k,
+            desc_v,
+            off_b,
+            off_hk,
             BLOCK_N,
+            BLOCK_D,
             True,
             HAS_LEFT,
             HAS_RIGHT,
             EVEN_D,
             DOT_PREC,
+            DESC,
+            False,
         )
     acc, l_i, m_i = _fwd_kv_loop(
         acc,
@@ -281,12 +316,19 @@ def flash_fwd_kernel(
         win_left,
         win_right,
         qk_scale,
+        desc_k,
+        desc_v,
+        off_b,
+        off_hk,
         BLOCK_N,
+        BLOCK_D,
         False,
         HAS_LEFT,
         HAS_RIGHT,
         EVEN_D,
         DOT_PREC,
+        DESC,
+        WS,
     )
     acc, l_i, m_i = _fwd_kv_loop(
         acc,
@@ -309,12 +351,19 @@ def flash_fwd_kernel(
         win_left,
         win_right,
         qk_scale,
+        desc_k,
+        desc_v,
+        off_b,
+        off_hk,
         BLOCK_N,
+        BLOCK_D,
         True,
         HAS_LEFT,
         HAS_RIGHT,
         EVEN_D,
         DOT_PREC,
+        DESC,
+        False,
     )
 
     # rows that admitted no key: l = 0 -> output 0 and LSE -inf (FlashAttention's convention), no NaN
@@ -323,8 +372,11 @@ def flash_fwd_kernel(
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     tl.store(LSE + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
-    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
-    if EVEN_D:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if DESC:
+        desc_o.store([off_b, off_h, start_m, 0], out.to(O.dtype.element_ty).reshape(1, 1, BLOCK_M, BLOCK_D))
     else:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+        if EVEN_D:
+            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

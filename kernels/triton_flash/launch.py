@@ -79,6 +79,28 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"k: heads_q ({Hq}) must be a multiple of heads_kv ({k.shape[1]})")
 
 
+def descriptor_ok(t: torch.Tensor) -> bool:
+    """Whether a 4-D tensor can be read through a tensor descriptor (TMA's rules): unit stride on the last
+    axis, every other stride a non-zero multiple of 16 bytes, a 16-byte aligned base. Expanded (stride-0)
+    K/V and odd head dims (e.g. D=20 in 16-bit: 40-byte rows) do not qualify."""
+    es = t.element_size()
+    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
+            and all(s > 0 and (s * es) % 16 == 0 for s in t.stride()[:3]))
+
+
+def _descriptors(q, k, v, o, bm: int, bn: int, bd: int):
+    """4-D descriptors of q/k/v/o with the kernel's blocks, or None when one tensor does not qualify
+    (the launch then takes pointer loads: same results, the config's LOADS is a preference)."""
+    if not all(descriptor_ok(t) for t in (q, k, v, o)):
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t, rows):
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd])
+
+    return desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm)
+
+
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float, config: FlashFwdConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +113,7 @@ def forward(
         return o, lse
     BM, BN, BD = config.BLOCK_M, config.BLOCK_N, block_d(D)
     grid = (triton.cdiv(Sq, BM) * B * Hq,)
+    descs = _descriptors(q, k, v, o, BM, BN, BD) if config.LOADS and Skv > 0 else None
     jit_fwd.flash_fwd_kernel[grid](
         q,
         k,
@@ -110,6 +133,7 @@ def forward(
         mask.win_left,
         mask.win_right,
         sm_scale * LOG2E,
+        *(descs or (None,) * 4),
         BLOCK_M=BM,
         BLOCK_N=BN,
         BLOCK_D=BD,
@@ -117,6 +141,8 @@ def forward(
         HAS_RIGHT=mask.has_right,
         EVEN_D=(BD == D),
         DOT_PREC=dot_precision(q.dtype),
+        DESC=descs is not None,
+        WS=descs is not None and config.LOADS == 2,
         **config.launch_opts(),
     )
     return o, lse

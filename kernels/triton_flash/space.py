@@ -48,6 +48,11 @@ def device_arch(device_type: str) -> str:
     return f"sm_{major}{minor}"
 
 
+def tma_arch(arch: str) -> bool:
+    """Hopper or newer NVIDIA (``sm_90``+): Triton lowers tensor-descriptor loads/stores to TMA there."""
+    return arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) >= 90
+
+
 def smem_limit(arch: str) -> int:
     return SMEM_LIMIT.get(arch, 99 * 1024)  # unknown arch: assume the common consumer limit
 
@@ -90,6 +95,8 @@ def constraint_reasons(config: LaunchConfig, head_dim: int, dtype: torch.dtype, 
     bm, bn, w, s = config.BLOCK_M, config.BLOCK_N, config.num_warps, config.num_stages
     if bm == 32 and w != 4:  # H200, D=128 bf16: 32-row blocks with 8 warps ran 6-7x slower than the best
         out.append("BLOCK_M=32 takes 4 warps")
+    if config.LOADS and not tma_arch(arch):
+        out.append(f"LOADS={config.LOADS} (tensor descriptors) needs NVIDIA sm_90 or newer, not {arch}")
     smem = fwd_smem_bytes(bm, bn, bd, es, s)
     if smem > limit:
         out.append(f"forward shared memory ~{smem} B > {limit} B on {arch}")
