@@ -176,6 +176,7 @@ def likely_fast_first(cfgs: list[dict], default: dict) -> list[dict]:
         key=lambda c: (
             -c.get("BLOCK_M", 0),
             -c.get("num_warps", 0),
+            -c.get("LOADS", 0),  # the descriptor (TMA) launches early: what a cut-short sweep must not miss
             -c.get("BWD_BLOCK_N", 0),
             -c.get("BWD_WARPS", 0),
         )

@@ -94,9 +94,9 @@ class FlashFwdConfig(_Launch):
     BLOCK_N: int = _block_n(64)
     num_warps: int = _warps(8)
     num_stages: int = _stages(3)
+    LOADS: int = _loads()
     waves_per_eu: int = _waves()
     matrix_instr_nonkdim: int = _nonkdim()
-    LOADS: int = _loads()
 
     def launch_opts(self) -> Dict[str, int]:
         """Triton's launch options of the forward kernel."""
