@@ -497,8 +497,13 @@ def test_descriptor_loads_are_a_hopper_knob_of_forward_keys_only():
     from attntune.kernels.triton_flash.config import FlashTrainConfig
     from attntune.kernels.triton_flash.space import constraint_reasons
 
-    cfg = FlashFwdConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, LOADS=2)
+    cfg = FlashFwdConfig(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2, LOADS=2)
     assert constraint_reasons(cfg, 128, torch.bfloat16, "sm_90") == []
+    assert constraint_reasons(FlashFwdConfig(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2, LOADS=1), 128,
+                              torch.bfloat16, "sm_90") == []
+    # the warp-specialized loop takes 8 warps (4 failed to compile on the H200 with Triton 3.6)
+    four = FlashFwdConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, LOADS=2)
+    assert constraint_reasons(four, 128, torch.bfloat16, "sm_90") == ["LOADS=2 (warp-specialized key loop) takes 8 warps"]
     for arch in ("sm_80", "sm_89", "gfx9"):
         assert any("LOADS" in r for r in constraint_reasons(cfg, 128, torch.bfloat16, arch)), arch
     assert dict(FlashFwdConfig.knobs(False))["LOADS"].choices == (0, 1, 2)

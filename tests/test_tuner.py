@@ -391,6 +391,79 @@ def test_the_budget_tail_refines_the_incumbent_by_one_step_moves(tmp_path, monke
     assert len(set(ids)) == len(ids)  # never a config twice
 
 
+class TunableSibling(Tunable):
+    """Tunable's knobs and space under another name: a sibling variant (one kernel, another schedule)."""
+
+    name = "t_tunable_sibling"
+
+
+class TunableOther(_TestVariant):
+    """A tunable variant with other knobs: never a sibling of Tunable."""
+
+    name = "t_tunable_other"
+
+    def space(self, problem):
+        return Space(params=(Param("a", (1, 2, 4, 8)), Param("z", (0, 1))), default={"a": 2, "z": 0})
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        return sdpa_exact(q, k, v, problem, kv_lens)
+
+
+def test_siblings_are_the_same_config_on_variants_with_the_same_knobs(register, monkeypatch):
+    register(Tunable(), TunableSibling(), TunableOther())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "sdpa_default,t_tunable,t_tunable_sibling,t_tunable_other")
+    space = SearchSpace(prob())
+    cfg = {"a": 2, "b": 4, "c": 1}
+    assert space.siblings("t_tunable", cfg) == [("t_tunable_sibling", cfg)]
+    assert space.siblings("t_tunable_sibling", cfg) == [("t_tunable", cfg)]
+    assert space.siblings("t_tunable", {"a": 4, "b": 4, "c": 0}) == []  # invalid there too (a*b > 8)
+    assert space.siblings("t_tunable_other", {"a": 2, "z": 0}) == []
+    assert space.siblings("sdpa_default", {}) == [] and space.siblings("nope", cfg) == []
+
+
+def test_local_refinement_tries_the_incumbent_on_its_sibling_first(tmp_path, monkeypatch, register):
+    """Virtual costs (as above): the first move of the budget tail is the incumbent's config on the sibling
+    variant (unless measured already), the later ones one-step moves of the incumbent of their time."""
+    from attntune.autotune import timing
+
+    register(Tunable(), TunableSibling())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_tunable,t_tunable_sibling")
+    valid = [(n, {"a": a, "b": b, "c": c}) for n in ("t_tunable", "t_tunable_sibling")
+             for a in (1, 2, 4, 8) for b in (1, 2, 4, 8) for c in range(4) if a * b <= 8]
+    random.Random(1).shuffle(valid)
+    cost_s = {config_id(n, c): 0.001 + 0.02 * i for i, (n, c) in enumerate(valid)}
+    virtual = {"s": 0.0}
+    real_run = Tunable.run
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        virtual["s"] += cost_s[config_id(self.name, dict(config))]
+        return real_run(self, q, k, v, problem, config, kv_lens)
+
+    monkeypatch.setattr(Tunable, "run", run)
+    monkeypatch.setattr(timing, "CLOCK", lambda: time.perf_counter() + virtual["s"])
+    store = CacheStore(tmp_path / "c.db")
+    p = prob()
+    [rec] = tune([p], cache=store, trials=9, timing=QUICK)
+    study = optuna.load_study(study_name=key_of(p).key_id, storage=default_storage_url(store.url))
+    done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured")]
+    assert len(done) == 9
+    space = SearchSpace(p)
+    first_local = len(done) - int(9 * LOCAL_SHARE)
+    sibling_tried = False
+    for i in range(first_local, len(done)):
+        before = [t for t in done[:i] if t.state == optuna.trial.TrialState.COMPLETE]
+        best_name, best_cfg = space.from_params(min(before, key=lambda t: t.value).params)
+        name, cfg = space.from_params(done[i].params)
+        tried = {config_id(*space.from_params(t.params)) for t in done[:i]}
+        sib = [s for s in space.siblings(best_name, best_cfg) if config_id(*s) not in tried]
+        if sib:
+            assert (name, cfg) == sib[0], (i, name, cfg, best_name, best_cfg)
+            sibling_tried = True
+        else:
+            assert name == best_name and cfg in space.moves(best_name, best_cfg), (i, name, cfg)
+    assert sibling_tried  # the seeded costs make the incumbent's sibling untried at the switch
+
+
 def space_cfg(trial) -> dict:
     """A measured trial's config, as the tuner recorded it."""
     return json.loads(trial.user_attrs["config"])

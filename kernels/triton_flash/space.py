@@ -97,6 +97,11 @@ def constraint_reasons(config: LaunchConfig, head_dim: int, dtype: torch.dtype, 
         out.append("BLOCK_M=32 takes 4 warps")
     if config.LOADS and not tma_arch(arch):
         out.append(f"LOADS={config.LOADS} (tensor descriptors) needs NVIDIA sm_90 or newer, not {arch}")
+    if config.LOADS == 2 and w < 8:
+        # H200, Triton 3.6: every 4-warp config with the warp-specialized loop failed to compile
+        # ("PassManager::run failed") at lengths that are not a multiple of the blocks (1025 x 1100, D 64
+        # and 128; 31 configs), while every 8-warp one compiled and ran
+        out.append("LOADS=2 (warp-specialized key loop) takes 8 warps")
     smem = fwd_smem_bytes(bm, bn, bd, es, s)
     if smem > limit:
         out.append(f"forward shared memory ~{smem} B > {limit} B on {arch}")
