@@ -142,25 +142,6 @@ class SearchSpace:
                         out.append(cfg)
         return out
 
-    def siblings(self, variant: str, config: Config) -> List[Tuple[str, Config]]:
-        """``config`` on the other tunable candidates that declare the same knobs and accept it (e.g.
-        ``triton_flash`` and ``triton_local``: one kernel family, two schedules), in registry order: a
-        one-step move along the variant axis. Measured on the H200 (regret, window 512, S 8192, D 64,
-        ``benchmarks/results/regret_h200_2026-12-04_window.json``): the budgeted winner was a
-        ``triton_flash`` config, the exhaustive one ``triton_local`` with a neighbouring config, 14.5 %
-        faster; one-step moves inside ``triton_flash`` could not reach it."""
-        cand = self._by_name.get(variant)
-        if cand is None:
-            return []
-        names = [p.name for p in cand.space.params]
-        out = []
-        for c in self.candidates:
-            if c.name == variant or [p.name for p in c.space.params] != names or not names:
-                continue
-            if not c.space.validate(config):
-                out.append((c.name, dict(config)))
-        return out
-
     def validate(self, variant: str, config: Config) -> List[str]:
         cand = self._by_name.get(variant)
         if cand is None:
