@@ -339,6 +339,7 @@ def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
         force=payload["force"],
         seed=payload["seed"],
         timing=TimingOptions(**payload["timing"]),
+        refine=payload.get("refine", 0),
     )
 
     def emit(ev: Dict[str, Any]) -> None:
@@ -475,6 +476,7 @@ def run_tuning(
     claim_ttl: float = CLAIM_TTL_S,
     timing: Optional[TimingOptions] = None,
     on_event: Optional[Event] = None,
+    refine: int = 0,
 ) -> List[KeyResult]:
     """Tune ``problems`` (concrete: dtype and device_type set, e.g. by :func:`suites.materialize`) into
     ``cache`` (a path/URL or an open :class:`CacheStore`; default the user cache).
@@ -482,6 +484,7 @@ def run_tuning(
     ``storage``: optuna storage URL (default ``optuna.db`` next to a SQLite cache; ``"memory"`` for
     none). ``trials``: measured trials per key (default 24 on GPUs, 12 on the CPU). ``time_limit``:
     wall seconds for the whole run; no trial starts after it, the key in progress is left to a resume.
+    ``refine``: extra trials per key for a hill climb from the budget's winner (:mod:`.sweep`, step 5; 0 off).
     ``workers``/``gpus``: worker processes (one per listed GPU; ``workers`` processes otherwise).
     Raises :class:`Interrupted` on Ctrl-C, carrying the results of the finished keys."""
     problems = list(problems)
@@ -492,7 +495,7 @@ def run_tuning(
     trials = trials or DEFAULT_TRIALS.get(dev_type, 12)
     deadline = time.time() + time_limit if time_limit else None
     opts = SweepOptions(
-        trials=trials, deadline=deadline, force=force, seed=seed, timing=timing or TimingOptions()
+        trials=trials, deadline=deadline, force=force, seed=seed, timing=timing or TimingOptions(), refine=refine
     )
     run_start = utcnow()
     cache_url = cache.url if isinstance(cache, CacheStore) else (cache or user_cache_url())
@@ -528,6 +531,7 @@ def run_tuning(
             "deadline": deadline,
             "force": force,
             "seed": seed,
+            "refine": refine,
             "timing": opts.timing.__dict__,
             "run_start": run_start.isoformat(),
             "claim_ttl": claim_ttl,

@@ -142,6 +142,25 @@ class SearchSpace:
                         out.append(cfg)
         return out
 
+    def siblings(self, variant: str, config: Config) -> List[Tuple[str, Config]]:
+        """``config`` on the other tunable candidates that declare the same knobs and accept it (e.g.
+        ``triton_flash`` and ``triton_local``: one kernel family, two schedules), in registry order: a
+        one-step move along the variant axis, part of the neighbourhood the sweep's ``refine`` phase
+        climbs (on the H200 the exhaustive best of a window key was ``triton_local`` two steps — variant
+        and ``BLOCK_N`` — from the budgeted ``triton_flash`` winner,
+        ``benchmarks/results/regret_h200_2026-12-04_window.json``)."""
+        cand = self._by_name.get(variant)
+        if cand is None:
+            return []
+        names = [p.name for p in cand.space.params]
+        out = []
+        for c in self.candidates:
+            if c.name == variant or [p.name for p in c.space.params] != names or not names:
+                continue
+            if not c.space.validate(config):
+                out.append((c.name, dict(config)))
+        return out
+
     def validate(self, variant: str, config: Config) -> List[str]:
         cand = self._by_name.get(variant)
         if cand is None:

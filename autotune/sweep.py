@@ -18,6 +18,14 @@ Order of trials (each measured at most once per study, whatever the sampler prop
    (``benchmarks/results/regret_h200_2026-12-03b_13keys.json``), with the better configs a few knobs
    away; with this step it was 0.5 % (``regret_h200.json``).
 
+5. *refine* (``SweepOptions.refine`` > 0, off by default): after the budget, a hill climb — one-step moves
+   of the incumbent and its config on sibling variants (:meth:`SearchSpace.siblings`), re-centred
+   whenever a move wins — until every neighbour of the incumbent is measured (a local optimum: stored as
+   such) or ``refine`` extra trials are spent. On the H200 the exhaustive best of both prefill window keys
+   was one or two such steps from the 8-trial winner (14 % faster;
+   ``benchmarks/results/regret_h200_2026-12-04_window.json``), which the budget tail's 2-3 random moves
+   missed. Not yet measured on a GPU: whether it closes that regret and what it costs.
+
 Each trial: validity (an invalid combination is pruned without running), the correctness gate
 (:mod:`gate`), a cheap first timing (pruned when more than ``PRUNE_RATIO``× the best so far), the full
 timing (:mod:`timing`). Any exception — Triton compile errors, ``OutOfResources``, CUDA OOM, a crashing
@@ -88,6 +96,8 @@ class SweepOptions:
     timing: TimingOptions = field(default_factory=TimingOptions)
     partial_ok: bool = False
     neighbours: int = 2
+    #: extra trials for the hill climb after the budget (module doc, step 5); 0 = off
+    refine: int = 0
 
     def time_up(self) -> bool:
         return self.deadline is not None and time.time() >= self.deadline
@@ -259,8 +269,9 @@ class KeyTuner:
         try:
             for name, why in space.excluded:
                 self._record_unmeasurable(study, name, why, trials)
-            attempts, cap = 0, budget * 4 + len(queue) + 8
-            while n_measured < budget and attempts < cap:
+            extra = max(0, self.opt.refine) if grid_n is None else 0
+            attempts, cap = 0, (budget + extra) * 4 + len(queue) + 8
+            while n_measured < budget + extra and attempts < cap:
                 # Trials enqueued but never started (an interrupted run) go first: ask() pops them.
                 waiting = bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
                 while queue and config_id(*queue[0]) in tried:
@@ -275,9 +286,12 @@ class KeyTuner:
                     break
                 attempts += 1
                 if not queue and not waiting and grid_n is None and n_measured >= budget - local_n:
-                    move = self._local_move(study, space, tried, rng)
+                    climbing = n_measured >= budget  # the refine phase: siblings too, none left = done
+                    move = self._local_move(study, space, tried, rng, siblings=climbing)
                     if move is not None:
                         queue.append(move)
+                    elif climbing:
+                        break  # a local optimum: every neighbour of the incumbent is measured
                 if queue and not waiting:
                     name, cfg = queue.popleft()
                     retry_locked(study.enqueue_trial, space.to_params(name, cfg))
@@ -303,7 +317,7 @@ class KeyTuner:
                         "key_id": self.key.key_id,
                         "key": self.key.short(),
                         "n": n_measured,
-                        "budget": budget if grid_n is None else min(budget, grid_n),
+                        "budget": budget + extra if grid_n is None else min(budget, grid_n),
                         "variant": name,
                         "status": outcome.status,
                         "best_ms": self.best_ms,
@@ -336,10 +350,11 @@ class KeyTuner:
         return self._conclude(study, space, inputs, spent, t0, unfinished)
 
     def _local_move(self, study: optuna.Study, space: SearchSpace, tried: set,
-                    rng: random.Random) -> Optional[Tuple[str, dict]]:
+                    rng: random.Random, siblings: bool = False) -> Optional[Tuple[str, dict]]:
         """An untried one-step move (:meth:`SearchSpace.moves`) of the fastest measured config of a
-        tunable variant, chosen at random (seeded); None when it has no untried valid move (TPE then
-        proposes the trial)."""
+        tunable variant, chosen at random (seeded) — with ``siblings``, its config on a sibling variant
+        first (:meth:`SearchSpace.siblings`); None when it has no untried valid move (TPE then
+        proposes the trial, or the refine phase ends)."""
         best = None
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if t.value is None or not t.params or (best is not None and t.value >= best.value):
@@ -350,6 +365,10 @@ class KeyTuner:
         if best is None:
             return None
         name, cfg = space.from_params(best.params)
+        if siblings:
+            for sib in space.siblings(name, cfg):
+                if config_id(*sib) not in tried:
+                    return sib
         moves = [m for m in space.moves(name, cfg) if config_id(name, m) not in tried]
         return (name, rng.choice(moves)) if moves else None
 

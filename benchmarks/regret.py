@@ -338,6 +338,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/regret_h200.json")
     ap.add_argument("--trials", type=int, default=8, help="the budget under test (the shipped cache's)")
+    ap.add_argument("--refine", type=int, default=0,
+                    help="the tuner's hill-climb trials after the budget (attntune tune --refine); 0 = off")
     ap.add_argument("--keys", default="families16", help=",".join(KEY_SETS) + " (empty: fidelity only)")
     ap.add_argument("--families", default="", help="only these families of the key sets (comma list; empty: all)")
     ap.add_argument("--max-configs", type=int, default=48, help="reference configs per variant (sampled above)")
@@ -380,7 +382,8 @@ def main(argv=None):
             doc["rows"].append(row)
             continue
         t0 = time.time()
-        recs = tune([p], cache=str(tmp / f"{kid}.db"), storage="memory", trials=args.trials, seed=1)
+        recs = tune([p], cache=str(tmp / f"{kid}.db"), storage="memory", trials=args.trials, seed=1,
+                    refine=args.refine)
         row["budget_s"] = time.time() - t0
         tune_s.append(row["budget_s"])
         if not recs:

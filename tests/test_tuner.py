@@ -391,6 +391,84 @@ def test_the_budget_tail_refines_the_incumbent_by_one_step_moves(tmp_path, monke
     assert len(set(ids)) == len(ids)  # never a config twice
 
 
+class TunableSibling(Tunable):
+    """Tunable's knobs and space under another name: a sibling variant (one kernel, another schedule)."""
+
+    name = "t_tunable_sibling"
+
+
+class TunableOther(_TestVariant):
+    """A tunable variant with other knobs: never a sibling of Tunable."""
+
+    name = "t_tunable_other"
+
+    def space(self, problem):
+        return Space(params=(Param("a", (1, 2, 4, 8)), Param("z", (0, 1))), default={"a": 2, "z": 0})
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        return sdpa_exact(q, k, v, problem, kv_lens)
+
+
+def test_siblings_are_the_same_config_on_variants_with_the_same_knobs(register, monkeypatch):
+    register(Tunable(), TunableSibling(), TunableOther())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "sdpa_default,t_tunable,t_tunable_sibling,t_tunable_other")
+    space = SearchSpace(prob())
+    cfg = {"a": 2, "b": 4, "c": 1}
+    assert space.siblings("t_tunable", cfg) == [("t_tunable_sibling", cfg)]
+    assert space.siblings("t_tunable_sibling", cfg) == [("t_tunable", cfg)]
+    assert space.siblings("t_tunable", {"a": 4, "b": 4, "c": 0}) == []  # invalid there too (a*b > 8)
+    assert space.siblings("t_tunable_other", {"a": 2, "z": 0}) == []
+    assert space.siblings("sdpa_default", {}) == [] and space.siblings("nope", cfg) == []
+
+
+def _virtual_costs(monkeypatch, variants, seed: int) -> dict:
+    """Every (variant, config) of Tunable's space costs a fixed virtual time, 20 ms apart in a seeded
+    order (see the refinement test above: real timings of equal kernels would make the test flaky)."""
+    from attntune.autotune import timing
+
+    valid = [(n, {"a": a, "b": b, "c": c}) for n in variants
+             for a in (1, 2, 4, 8) for b in (1, 2, 4, 8) for c in range(4) if a * b <= 8]
+    random.Random(seed).shuffle(valid)
+    cost_s = {config_id(n, c): 0.001 + 0.02 * i for i, (n, c) in enumerate(valid)}
+    virtual = {"s": 0.0}
+    real_run = Tunable.run
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        virtual["s"] += cost_s[config_id(self.name, dict(config))]
+        return real_run(self, q, k, v, problem, config, kv_lens)
+
+    monkeypatch.setattr(Tunable, "run", run)
+    monkeypatch.setattr(timing, "CLOCK", lambda: time.perf_counter() + virtual["s"])
+    return cost_s
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_refine_climbs_to_a_local_optimum_over_moves_and_siblings(tmp_path, monkeypatch, register, seed):
+    """``refine``: after the budget the tuner climbs until no one-step move of the winner, nor its config
+    on the sibling variant, is untried — so the stored winner is a local optimum — within the extra trials."""
+    register(Tunable(), TunableSibling())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_tunable,t_tunable_sibling")
+    cost_s = _virtual_costs(monkeypatch, ("t_tunable", "t_tunable_sibling"), seed)
+    store = CacheStore(tmp_path / "c.db")
+    p = prob()
+    [rec] = tune([p], cache=store, trials=6, timing=QUICK, refine=60)
+    study = optuna.load_study(study_name=key_of(p).key_id, storage=default_storage_url(store.url))
+    done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured")]
+    tried = {config_id(*SearchSpace(p).from_params(t.params)) for t in done}
+    assert 6 < len(done) < 6 + 60 and rec.trials == len(done)  # it stopped at an optimum, not at the cap
+    space = SearchSpace(p)
+    neighbours = [(rec.variant, m) for m in space.moves(rec.variant, rec.config)]
+    neighbours += space.siblings(rec.variant, rec.config)
+    assert neighbours and all(config_id(*n) in tried for n in neighbours)
+    assert all(cost_s[config_id(*n)] > cost_s[config_id(rec.variant, rec.config)] for n in neighbours)
+    # without refine the same run measures exactly its budget
+    (tmp_path / "off").mkdir()
+    store0 = CacheStore(tmp_path / "off" / "c.db")  # its own optuna.db too (a study resumes by key)
+    [rec0] = tune([p], cache=store0, trials=6, timing=QUICK)
+    assert rec0.trials == 6
+    assert cost_s[config_id(rec.variant, rec.config)] <= cost_s[config_id(rec0.variant, rec0.config)]
+
+
 def space_cfg(trial) -> dict:
     """A measured trial's config, as the tuner recorded it."""
     return json.loads(trial.user_attrs["config"])

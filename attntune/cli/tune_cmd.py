@@ -175,6 +175,11 @@ def tune(
         help="Measured configs per key of the tunable (Triton) variants (default 24 on a GPU, 12 on the CPU); "
         "each fixed variant (SDPA backends, eager, flex) is measured once on top.",
     ),
+    refine: int = typer.Option(
+        0, "--refine", min=0,
+        help="After the trial budget, climb from the winner by one-step moves (and sibling variants) until "
+        "a local optimum or this many extra trials; 0 = off.",
+    ),
     time_limit: Optional[float] = typer.Option(
         None,
         "--time-limit",
@@ -276,6 +281,7 @@ def tune(
                 claim_ttl=claim_ttl,
                 timing=TimingOptions.quick() if quick else None,
                 on_event=view,
+                refine=refine,
             )
     except Interrupted as e:
         results, interrupted = e.results, True
