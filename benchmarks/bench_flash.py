@@ -473,10 +473,10 @@ def _ms(case: dict | None, impl: str):
     return r.get("ms")
 
 
-def _ratio(case: dict | None, base: str, impl: str = "triton_flash"):
-    """``base``'s time over ``impl``'s (> 1: ``impl`` is faster), None where either did not run."""
-    b, o = _ms(case, base), _ms(case, impl)
-    return b / o if b and o else None
+def _speedup(case: dict | None, base: str):
+    """``base``'s time over ours (> 1: ours faster), as :func:`run_case` recorded it; None where either
+    did not run."""
+    return ((case or {}).get("speedup_of_triton_flash") or {}).get(base)
 
 
 def best_by_knob(case: dict, knob: str = "LOADS") -> dict:
@@ -500,16 +500,16 @@ def summary(cases: list[dict]) -> dict:
     win = by.get("window1024-fwdbwd-S16384")
     return {
         "dense_fwd_d128_tflops": max(tf, default=None),
-        "dense_fwd_d64_vs_cudnn": _ratio(by.get("dense-fwd-S4096-D64"), "sdpa_cudnn"),
-        "dense_fwd_d96_vs_cudnn": _ratio(by.get("dense-fwd-S4096-D96"), "sdpa_cudnn"),
-        "dense_fwd_d128_vs_cudnn": _ratio(by.get("dense-fwd-S4096"), "sdpa_cudnn"),
-        "causal_fwd_d128_vs_cudnn": _ratio(by.get("causal-fwd-S4096"), "sdpa_cudnn"),
+        "dense_fwd_d64_vs_cudnn": _speedup(by.get("dense-fwd-S4096-D64"), "sdpa_cudnn"),
+        "dense_fwd_d96_vs_cudnn": _speedup(by.get("dense-fwd-S4096-D96"), "sdpa_cudnn"),
+        "dense_fwd_d128_vs_cudnn": _speedup(by.get("dense-fwd-S4096"), "sdpa_cudnn"),
+        "causal_fwd_d128_vs_cudnn": _speedup(by.get("causal-fwd-S4096"), "sdpa_cudnn"),
         "window_fwdbwd_ms": _ms(win, "triton_flash"),
         "flex_window_fwdbwd_ms": _ms(win, "flex"),
-        "fp32_d128_vs_sdpa": _ratio(by.get("fp32-tf32-fwd-S4096"), "sdpa_default"),
+        "fp32_d128_vs_sdpa": _speedup(by.get("fp32-tf32-fwd-S4096"), "sdpa_default"),
         "dispatch_dense_geomean": None,
         "dispatch_dense_min": None,
-        "fwd_best_ms_by_loads": {c["name"]: best_by_knob(c) for c in cases if best_by_knob(c)},
+        "fwd_best_ms_by_loads": {n: b for n, b in ((c["name"], best_by_knob(c)) for c in cases) if b},
     }
 
 
