@@ -18,13 +18,14 @@ Order of trials (each measured at most once per study, whatever the sampler prop
    (``benchmarks/results/regret_h200_2026-12-03b_13keys.json``), with the better configs a few knobs
    away; with this step it was 0.5 % (``regret_h200.json``).
 
-5. *refine* (``SweepOptions.refine`` > 0, off by default): after the budget, a hill climb — one-step moves
+5. *refine* (``SweepOptions.refine`` > 0; ``tune`` passes :data:`runner.DEFAULT_REFINE`, 12): after the budget, a hill climb — one-step moves
    of the incumbent and its config on sibling variants (:meth:`SearchSpace.siblings`), re-centred
    whenever a move wins — until every neighbour of the incumbent is measured (a local optimum: stored as
    such) or ``refine`` extra trials are spent. On the H200 the exhaustive best of both prefill window keys
    was one or two such steps from the 8-trial winner (14 % faster;
    ``benchmarks/results/regret_h200_2026-12-04_window.json``), which the budget tail's 2-3 random moves
-   missed. Not yet measured on a GPU: whether it closes that regret and what it costs.
+   missed. Measured on the H200 with 12 (``regret_h200_2026-12-04_refine.json``): both window keys 0.0-0.1 %
+   regret, at 2-3x their tuning time (20-31 s a key instead of 11-12 s).
 
 Each trial: validity (an invalid combination is pruned without running), the correctness gate
 (:mod:`gate`), a cheap first timing (pruned when more than ``PRUNE_RATIO``× the best so far), the full

@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env import environment  # noqa: E402
 
 from attntune.autotune import gate  # noqa: E402
-from attntune.autotune.runner import tune  # noqa: E402
+from attntune.autotune.runner import DEFAULT_REFINE, tune  # noqa: E402
 from attntune.autotune.space import SearchSpace, config_id  # noqa: E402
 from attntune.autotune.sweep import BASELINE, baseline_config, key_seed  # noqa: E402
 from attntune.autotune.timing import Timer, TimingOptions, graph_timed, make_call  # noqa: E402
@@ -338,8 +338,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/regret_h200.json")
     ap.add_argument("--trials", type=int, default=8, help="the budget under test (the shipped cache's)")
-    ap.add_argument("--refine", type=int, default=0,
-                    help="the tuner's hill-climb trials after the budget (attntune tune --refine); 0 = off")
+    ap.add_argument("--refine", type=int, default=DEFAULT_REFINE,
+                    help="the tuner's hill-climb trials after the budget (attntune tune --refine; its default); 0 = off")
     ap.add_argument("--keys", default="families16", help=",".join(KEY_SETS) + " (empty: fidelity only)")
     ap.add_argument("--families", default="", help="only these families of the key sets (comma list; empty: all)")
     ap.add_argument("--max-configs", type=int, default=48, help="reference configs per variant (sampled above)")

@@ -370,7 +370,7 @@ def test_the_budget_tail_refines_the_incumbent_by_one_step_moves(tmp_path, monke
     monkeypatch.setattr(timing, "CLOCK", lambda: time.perf_counter() + virtual["s"])
     store = CacheStore(tmp_path / "c.db")
     p = prob()
-    [rec] = tune([p], cache=store, trials=9, timing=QUICK)
+    [rec] = tune([p], cache=store, trials=9, timing=QUICK, refine=0)  # the budget alone (refine: below)
     study = optuna.load_study(study_name=key_of(p).key_id, storage=default_storage_url(store.url))
     done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured")]
     assert len(done) == 9 and rec.trials == 9
@@ -464,8 +464,16 @@ def test_refine_climbs_to_a_local_optimum_over_moves_and_siblings(tmp_path, monk
     # without refine the same run measures exactly its budget
     (tmp_path / "off").mkdir()
     store0 = CacheStore(tmp_path / "off" / "c.db")  # its own optuna.db too (a study resumes by key)
-    [rec0] = tune([p], cache=store0, trials=6, timing=QUICK)
+    [rec0] = tune([p], cache=store0, trials=6, timing=QUICK, refine=0)
     assert rec0.trials == 6
+    # and the default climbs (DEFAULT_REFINE): the same seeded run as an explicit refine=DEFAULT_REFINE
+    from attntune.autotune.runner import DEFAULT_REFINE
+
+    runs = {}
+    for name, kw in (("default", {}), ("explicit", {"refine": DEFAULT_REFINE})):
+        (tmp_path / name).mkdir()
+        [runs[name]] = tune([p], cache=CacheStore(tmp_path / name / "c.db"), trials=6, timing=QUICK, **kw)
+    assert DEFAULT_REFINE > 0 and runs["default"].trials == runs["explicit"].trials > 6
     assert cost_s[config_id(rec.variant, rec.config)] <= cost_s[config_id(rec0.variant, rec0.config)]
 
 

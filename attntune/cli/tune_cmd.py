@@ -175,10 +175,10 @@ def tune(
         help="Measured configs per key of the tunable (Triton) variants (default 24 on a GPU, 12 on the CPU); "
         "each fixed variant (SDPA backends, eager, flex) is measured once on top.",
     ),
-    refine: int = typer.Option(
-        0, "--refine", min=0,
+    refine: Optional[int] = typer.Option(
+        None, "--refine", min=0,
         help="After the trial budget, climb from the winner by one-step moves (and sibling variants) until "
-        "a local optimum or this many extra trials; 0 = off.",
+        "a local optimum or this many extra trials (default 12; 0 = off).",
     ),
     time_limit: Optional[float] = typer.Option(
         None,
