@@ -20,6 +20,12 @@ resets the counter to 0 for the next launch. An eager decode call is host-bound,
 launch is a third of its host time; under a CUDA graph launches cost nothing and the two-kernel path's
 reduction, one program per row, finishes sooner than the last split's serial combine.
 
+FP8 K/V (``HAS_SCALE``): the caches hold float8 codes and float32 scales per kv head (or one per tensor,
+stride 0); the real keys and values are ``K * k_scale[hkv]`` and ``V * v_scale[hkv]``. Tiles are loaded
+as codes (half the bytes of bf16: decode reads its cache once, so half the time at the bandwidth
+limit), widened exactly to q's dtype for the dots, K's scale folded into the softmax scale and V's
+applied to the normalised output.
+
 Log-sum-exps are kept in base 2 (scores are multiplied by ``scale * log2(e)`` and exponentiated with
 ``exp2``, which is one MUFU instruction); they never leave the op.
 
@@ -58,6 +64,7 @@ import triton.language as tl
 def decode_split_kernel(
     Q, K, V, KV_LENS, WS, OUT,
     SEM,  # int32 arrival counters [B*HKV*row blocks], all 0 between launches (read only when FUSED)
+    K_SCALE, V_SCALE,  # float32 dequantisation scales of FP8 K/V, per kv head (read only when HAS_SCALE)
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
@@ -66,7 +73,9 @@ def decode_split_kernel(
     LSE_OFF,  # LSE partials start this many floats into WS (after the O partials)
     WIN_LEFT, WIN_RIGHT,  # window reach in keys left/right of each row's diagonal key (read when bounded)
     qk_scale,  # softmax scale * log2(e)
+    stride_ksc, stride_vsc,  # 1: a scale per kv head; 0: one scale for the tensor
     HAS_LENS: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,  # K/V are FP8 codes: real K = K * K_SCALE[hkv], real V = V * V_SCALE[hkv]
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,  # window side bounded (causal is HAS_RIGHT, WIN_RIGHT 0)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr,  # D == BLOCK_D and DV == BLOCK_DV: no head-dim masks (unmasked vector loads)
@@ -122,6 +131,9 @@ def decode_split_kernel(
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
+    if HAS_SCALE:
+        # K's scale multiplies every score of this kv head: folded into the softmax scale once
+        qk_scale = qk_scale * tl.load(K_SCALE + hkv * stride_ksc)
     k_base = K + b64 * stride_kb + hkv64 * stride_kh
     v_base = V + b64 * stride_vb + hkv64 * stride_vh
     # Each row's diagonal key (bottom-right, per sequence) and its window's first/last admissible key.
@@ -145,12 +157,16 @@ def decode_split_kernel(
             k = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
         else:
             k = tl.load(k_ptrs, mask=d_ok[:, None] & n_ok[None, :], other=0.0)
+        if HAS_SCALE:
+            k = k.to(Q.dtype.element_ty)  # FP8 codes widen exactly to fp16/bf16: the dot runs there
         # V is issued before the softmax math so its latency hides behind it.
         v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
         if EVEN_D:
             v = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
         else:
             v = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        if HAS_SCALE:
+            v = v.to(Q.dtype.element_ty)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
         ok = n_ok[None, :]
         if HAS_LEFT:
@@ -171,6 +187,9 @@ def decode_split_kernel(
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]  # rows without keys: acc == 0 -> zeros
+    if HAS_SCALE:
+        # V's scale multiplies the output linearly (partials included: the combine is a weighted mean)
+        o = o * tl.load(V_SCALE + hkv * stride_vsc)
 
     if SPLIT:
         # Workspace: O partials [B*Hq*SQ, NUM_SPLITS, DV] then LSE partials [B*Hq*SQ, NUM_SPLITS], fp32.

@@ -34,6 +34,10 @@ DEFAULT_SMEM_PER_SM = 228 * 1024
 #: staging (measured: BLOCK_M 64, D 256, BLOCK_N 64, 2 stages -> 160 KiB, estimate 128 KiB)
 SMEM_BLOCK_BUDGET = 160 * 1024
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: FP8 K/V caches (codes, with float32 scales; q and the output in float16/bfloat16). e4m3fnuz is what
+#: ROCm gfx942 computes in — a code path only, untested (no AMD GPU).
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz")
+                   if hasattr(torch, n))
 
 
 @dataclass(frozen=True)
@@ -240,19 +244,29 @@ def check_window(window) -> Optional[Tuple[int, int]]:
     return validate_window(window)
 
 
-def check_decode_args(q, k_cache, v_cache, kv_lens, max_seqlen_q: int = 16) -> None:
+def check_decode_args(q, k_cache, v_cache, kv_lens, max_seqlen_q: int = 16, k_scale=None,
+                      v_scale=None) -> None:
     """Raise ``ValueError`` naming the argument when the inputs do not fit the decode op (the window is
-    checked by :func:`check_window`)."""
+    checked by :func:`check_window`; FP8 scales by :func:`check_scales`, called from here)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D tensor, got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"{name}: dtype {t.dtype} not supported; expected float16, bfloat16 or float32")
+        if t.dtype not in SUPPORTED_DTYPES and not (name != "q" and t.dtype in FP8_DTYPES):
+            raise ValueError(f"{name}: dtype {t.dtype} not supported; expected float16, bfloat16 or float32"
+                             + (" (or FP8 codes with scales)" if name != "q" else ""))
         if t.device != q.device:
             raise ValueError(f"{name}: device {t.device} differs from q's {q.device}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    fp8 = k_cache.dtype in FP8_DTYPES
+    if fp8 or v_cache.dtype in FP8_DTYPES:
+        if k_cache.dtype != v_cache.dtype:
+            raise ValueError(f"k_cache/v_cache: FP8 caches must share one format, got {k_cache.dtype} and "
+                             f"{v_cache.dtype}")
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"q: with FP8 k_cache/v_cache q must be float16 or bfloat16, got {q.dtype}")
+    elif k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise ValueError(f"k_cache/v_cache: dtype must match q ({q.dtype})")
+    check_scales(k_cache, k_scale, v_scale)
     B, Hq, Sq, D = q.shape
     Bk, Hkv, S, Dk = k_cache.shape
     if Bk != B or v_cache.shape[0] != B:
@@ -276,6 +290,34 @@ def check_decode_args(q, k_cache, v_cache, kv_lens, max_seqlen_q: int = 16) -> N
             raise ValueError(f"kv_lens: expected int32 (or int64), got {kv_lens.dtype}")
         if kv_lens.device != q.device:
             raise ValueError(f"kv_lens: device {kv_lens.device} differs from q's {q.device}")
+
+
+def check_scales(k_cache: torch.Tensor, k_scale, v_scale) -> None:
+    """FP8 caches need both scales, other caches none. A scale is a float32 tensor on the cache's device
+    with one element (the whole tensor) or ``Hkv`` elements (one per kv head, contiguous)."""
+    fp8 = k_cache.dtype in FP8_DTYPES
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not fp8:
+            if sc is not None:
+                raise ValueError(f"{name}: only FP8 caches take scales (k_cache is {k_cache.dtype})")
+            continue
+        if sc is None:
+            raise ValueError(f"{name}: required with FP8 k_cache/v_cache ({k_cache.dtype})")
+        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32:
+            raise ValueError(f"{name}: expected a float32 tensor, got "
+                             f"{sc.dtype if isinstance(sc, torch.Tensor) else type(sc).__name__}")
+        if sc.device != k_cache.device:
+            raise ValueError(f"{name}: device {sc.device} differs from k_cache's {k_cache.device}")
+        hkv = k_cache.shape[1]
+        per_head = sc.numel() == hkv and hkv > 1
+        if sc.numel() not in (1, hkv) or (per_head and (sc.dim() != 1 or sc.stride(0) != 1)):
+            raise ValueError(f"{name}: expected one scale or a contiguous [Hkv={hkv}] tensor, got shape "
+                             f"{tuple(sc.shape)}")
+
+
+def scale_stride(sc: Optional[torch.Tensor]) -> int:
+    """The kernel's stride over kv heads for a checked scale tensor: 0 for one scale, 1 per head."""
+    return 0 if sc is None or sc.numel() == 1 else 1
 
 
 #: the two kernels, launched through their cached CompiledKernels (:mod:`attntune.kernels.triton_launch`)
@@ -382,7 +424,9 @@ class DecodeLaunch(NamedTuple):
     plan_args: tuple    # plan_launch's arguments but S_max, in its order (B, Hq, Sq, D, Hkv, Dv, ..., window)
 
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               kv_lens: Optional[torch.Tensor], out: torch.Tensor, dev_idx: int) -> torch.Tensor:
+               kv_lens: Optional[torch.Tensor], out: torch.Tensor, dev_idx: int,
+               k_scale: Optional[torch.Tensor] = None,
+               v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Launch into ``out`` (allocated with the layout this launch was prepared for). The partials
         buffer comes from :func:`_workspace` (its alignment is the caching allocator's: 512 bytes)."""
         ws = sem = out
@@ -392,8 +436,11 @@ class DecodeLaunch(NamedTuple):
             # the counters are read only when fused; otherwise any pointer of the key's alignment stands in
             if self.fused:
                 sem = _semaphores(self.grid[0] * self.grid[2], q.device, keep)
-        _SPLIT(self.key, self.grid, (q, k_cache, v_cache, kv_lens, ws, out, sem) + self.tail, self.num_warps,
-               self.num_stages, dev_idx)
+        # without scales any pointer stands in (never read: HAS_SCALE is False)
+        ksc = out if k_scale is None else k_scale
+        vsc = out if v_scale is None else v_scale
+        _SPLIT(self.key, self.grid, (q, k_cache, v_cache, kv_lens, ws, out, sem, ksc, vsc) + self.tail,
+               self.num_warps, self.num_stages, dev_idx)
         if self.split and not self.fused:
             _REDUCE(self.rkey, self.rgrid, (ws, out) + self.rtail, self.reduce_warps, None, dev_idx)
         return out
@@ -420,7 +467,8 @@ class DecodeLaunch(NamedTuple):
 def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    kv_lens: Optional[torch.Tensor], out: torch.Tensor, causal: bool, scale: float,
                    cfg: DecodeConfig, dot_precision: str = "tf32",
-                   window: Optional[Tuple[int, int]] = None) -> DecodeLaunch:
+                   window: Optional[Tuple[int, int]] = None, k_scale: Optional[torch.Tensor] = None,
+                   v_scale: Optional[torch.Tensor] = None) -> DecodeLaunch:
     """The :class:`DecodeLaunch` of these inputs (checked, as for :func:`launch_decode`). It depends on
     the tensors only through their shapes, dtypes, strides and the 16-byte alignment of their data
     pointers (and ``kv_lens``' dtype), and on whether a CUDA graph is being captured (:data:`FUSED_REDUCE`),
@@ -428,8 +476,12 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     B, Hq, Sq, D = q.shape
     Hkv, S_max, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     sms, smem = device_info(q.device)
-    plan_args = (B, Hq, Sq, D, Hkv, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
-    p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, q.element_size(), sms, smem, cfg, bool(causal), window)
+    # K/V bytes per element: what the plan's size rules count (FP8 caches read half of bf16's)
+    kv_size = k_cache.element_size()
+    plan_args = (B, Hq, Sq, D, Hkv, Dv, kv_size, sms, smem, cfg, bool(causal), window)
+    p = plan_launch(B, Hq, Sq, D, Hkv, S_max, Dv, kv_size, sms, smem, cfg, bool(causal), window)
+    has_scale = k_scale is not None
+    ksc_stride, vsc_stride = scale_stride(k_scale), scale_stride(v_scale)
     split = p.splits > 1
     fused = (p.eager_fused and FUSED_REDUCE and (FUSE_ON_ROCM or not _ROCM)
              and not (q.is_cuda and torch.cuda.is_current_stream_capturing()))
@@ -447,10 +499,15 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
            p.block_dv, p.even_d, q.dtype, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16 == 0),
            dot_precision, D, Dv, q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0,
            v_cache.data_ptr() % 16 == 0, True if split else out.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
-           _stride_classes(*qs, *ks, *vs, *os_, S_max, lse_off))
+           _stride_classes(*qs, *ks, *vs, *os_, S_max, lse_off),
+           # FP8: the caches' code type, the scales' alignment and per-head stride (0/1: specialized)
+           (k_cache.dtype, v_cache.dtype, k_scale.data_ptr() % 16 == 0, v_scale.data_ptr() % 16 == 0,
+            ksc_stride, vsc_stride) if has_scale else None)
     tail = (*qs, *ks, *vs, *os_,  # S_max at _TAIL_S_MAX (DecodeLaunch.with_length replaces it)
             Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, lse_off, p.win_left, p.win_right, scale * LOG2E,
-            kv_lens is not None, split, fused, p.has_left, p.has_right,  # HAS_LENS, SPLIT, FUSED, HAS_LEFT/RIGHT
+            ksc_stride, vsc_stride,
+            kv_lens is not None, split, fused, has_scale,  # HAS_LENS, SPLIT, FUSED, HAS_SCALE
+            p.has_left, p.has_right,  # HAS_LEFT/RIGHT
             p.block_m, cfg.BLOCK_N, p.block_d, p.block_dv, p.even_d, dot_precision, rbs)
     rkey = rtail = None
     if split and not fused:
@@ -465,12 +522,14 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   kv_lens: Optional[torch.Tensor], out: torch.Tensor, causal: bool, scale: float,
                   cfg: DecodeConfig, dot_precision: str = "tf32",
-                  window: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+                  window: Optional[Tuple[int, int]] = None, k_scale: Optional[torch.Tensor] = None,
+                  v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Launch the split kernel (and the reduction when more than one split): ``out`` [B, Hq, Sq, Dv]
     receives the result. Inputs are assumed checked (:func:`check_decode_args`, :func:`check_window`:
     ``window`` a tuple). No host synchronisation; safe to capture in a CUDA graph once a call of the same
     shapes has run (compiled) outside the capture."""
     if out.numel() == 0:
         return out
-    return prepare_decode(q, k_cache, v_cache, kv_lens, out, causal, scale, cfg, dot_precision,
-                          window).launch(q, k_cache, v_cache, kv_lens, out, q.get_device())
+    return prepare_decode(q, k_cache, v_cache, kv_lens, out, causal, scale, cfg, dot_precision, window,
+                          k_scale, v_scale).launch(q, k_cache, v_cache, kv_lens, out, q.get_device(), k_scale,
+                                                   v_scale)

@@ -24,6 +24,8 @@ def decode_attention(
     scale: Optional[float] = None,
     config: Optional[Union[dict, DecodeConfig]] = None,
     out: Optional[torch.Tensor] = None,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Softmax attention of ``Sq`` (1..16) new query positions over a KV cache, forward only.
 
@@ -53,6 +55,12 @@ def decode_attention(
                   the shape and the GPU (SM count, shared memory). ``None``: BLOCK_N 64, 4 warps, both
                   auto. Any valid config gives the same result up to rounding.
         out:      optional ``[B, Hq, Sq, Dv]`` tensor of q's dtype to write into (any strides).
+        k_scale, v_scale: with FP8 caches (``float8_e4m3fn``, ``float8_e5m2``; ``float8_e4m3fnuz`` on
+                  ROCm, untested) the float32 dequantisation scales, required: one element (per tensor)
+                  or a contiguous ``[Hkv]`` (per kv head). The real keys and values are
+                  ``k_cache[b, h].float() * k_scale[h]`` and ``v_cache[b, h].float() * v_scale[h]``
+                  (:func:`attntune.fp8.quantize_kv` makes codes and scales from a float cache). q and the
+                  output are then float16 or bfloat16. Other caches take no scales.
 
     Returns:
         ``[B, Hq, Sq, Dv]`` in q's dtype. A row with no admissible key — ``L_b == 0``, or a row whose
@@ -61,13 +69,13 @@ def decode_attention(
 
     Raises:
         ValueError: naming the argument (``q``, ``k_cache``, ``v_cache``, ``kv_lens``, ``window``,
-        ``config``, ``out``) that does not fit.
+        ``config``, ``out``, ``k_scale``, ``v_scale``) that does not fit.
 
     float16, bfloat16 and float32 inputs; D, Dv up to 256 (any value: padded to a power of two and
     masked). float32 uses TF32 dots only when ``torch.get_float32_matmul_precision() != "highest"``.
     Accumulation is float32 throughout; the split partials are float32.
     """
-    check_decode_args(q, k_cache, v_cache, kv_lens)
+    check_decode_args(q, k_cache, v_cache, kv_lens, k_scale=k_scale, v_scale=v_scale)
     window = check_window(window)
     cfg = typed(DecodeConfig, config, _DEFAULT)
     B, Hq, Sq, _ = q.shape
@@ -79,4 +87,7 @@ def decode_attention(
                          f"{out.dtype} on {out.device}")
     sm_scale = float(scale) if scale is not None else q.shape[3] ** -0.5
     precision = "tf32" if (q.dtype != torch.float32 or tf32_allowed()) else "ieee"
-    return launch_decode(q, k_cache, v_cache, kv_lens, out, causal, sm_scale, cfg, precision, window)
+    if k_scale is not None:  # one element of any shape -> [1]; [Hkv] is contiguous (checked)
+        k_scale, v_scale = k_scale.reshape(-1), v_scale.reshape(-1)
+    return launch_decode(q, k_cache, v_cache, kv_lens, out, causal, sm_scale, cfg, precision, window,
+                         k_scale, v_scale)

@@ -1,0 +1,80 @@
+"""FP8 KV caches: quantise a float K/V cache to float8 codes with float32 scales, and back.
+
+A cache quantised here feeds :func:`attntune.kernels.triton_decode.op.decode_attention` (``k_scale``,
+``v_scale``), which reads the codes — half the bytes of bf16 — and dequantises in registers. Semantics:
+``real = codes.float() * scale``, with one scale per kv head (``per="head"``, shape ``[Hkv]``) or one for
+the whole tensor (``per="tensor"``, shape ``[1]``). A scale is the absolute maximum over what it covers
+divided by the format's largest finite value (448 for e4m3fn, 57344 for e5m2, 240 for ROCm's e4m3fnuz),
+times ``margin``; values beyond ``scale * max`` saturate (the codes are clamped, never inf or NaN).
+
+A serving cache is quantised as it fills: fix the scales from the prompt (or a calibration set), with a
+``margin`` above 1 for the tokens still to come, and quantise every new token with those scales
+(:func:`quantize`).
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+#: the formats the decode kernel reads (e4m3fnuz: ROCm gfx942 — a code path, untested without an AMD GPU)
+FORMATS = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz")
+                if hasattr(torch, n))
+
+
+def _check_format(dtype: torch.dtype) -> float:
+    if dtype not in FORMATS:
+        raise ValueError(f"dtype: expected one of {[str(f) for f in FORMATS]}, got {dtype}")
+    return float(torch.finfo(dtype).max)
+
+
+def scales(x: torch.Tensor, *, per: str = "head", dtype: torch.dtype = torch.float8_e4m3fn,
+           margin: float = 1.0) -> torch.Tensor:
+    """float32 scales of a cache ``x`` ``[B, Hkv, S, D]``: ``[Hkv]`` (``per="head"``) or ``[1]``
+    (``per="tensor"``); an all-zero slice gets scale 1 (its codes are zeros either way).
+
+    >>> x = torch.tensor([[[[1.0, -896.0]], [[0.5, 0.25]]]])          # B=1, Hkv=2, S=1, D=2
+    >>> scales(x).tolist(), scales(x, per="tensor").tolist()
+    ([2.0, 0.0011160714784637094], [2.0])
+    """
+    fmax = _check_format(dtype)
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
+        raise ValueError(f"x: expected a floating [B, Hkv, S, D] tensor, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if per not in ("head", "tensor"):
+        raise ValueError(f"per: expected 'head' or 'tensor', got {per!r}")
+    if not margin >= 1.0:
+        raise ValueError(f"margin: expected >= 1, got {margin}")
+    a = x.detach().float().abs()
+    amax = a.amax(dim=(0, 2, 3)) if per == "head" else a.amax().reshape(1)
+    if not torch.isfinite(amax).all():
+        raise ValueError("x: holds inf or NaN; no finite scale represents it")
+    return torch.where(amax > 0, amax * (margin / fmax), torch.ones_like(amax)).contiguous()
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """FP8 codes of ``x`` ``[B, Hkv, S, D]`` under ``scale`` (``[Hkv]`` or ``[1]``): ``x / scale``
+    rounded to ``dtype``, saturating at the format's largest finite value."""
+    fmax = _check_format(dtype)
+    if scale.dim() != 1 or scale.numel() not in (1, x.shape[1]):
+        raise ValueError(f"scale: expected [1] or [Hkv={x.shape[1]}], got {tuple(scale.shape)}")
+    s = scale.to(device=x.device, dtype=torch.float32).view(1, -1, 1, 1)
+    return (x.float() / s).clamp(-fmax, fmax).to(dtype)
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float32 values ``codes * scale`` (``scale`` ``[Hkv]`` or ``[1]``) — the reference semantics."""
+    return codes.float() * scale.to(device=codes.device, dtype=torch.float32).view(1, -1, 1, 1)
+
+
+def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, per: str = "head",
+                dtype: torch.dtype = torch.float8_e4m3fn,
+                margin: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(k_codes, v_codes, k_scale, v_scale)`` of a K/V cache ``[B, Hkv, S, D]`` (:func:`scales`,
+    :func:`quantize`), ready for ``decode_attention(q, k_codes, v_codes, k_scale=..., v_scale=...)``."""
+    ks, vs = scales(k, per=per, dtype=dtype, margin=margin), scales(v, per=per, dtype=dtype, margin=margin)
+    return quantize(k, ks, dtype), quantize(v, vs, dtype), ks, vs
+
+
+__all__ = ["FORMATS", "scales", "quantize", "dequantize", "quantize_kv"]

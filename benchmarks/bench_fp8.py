@@ -1,0 +1,170 @@
+"""FP8 KV-cache decode (issue #15, item 1) beside bf16 decode, side by side in one run.
+
+    python benchmarks/bench_fp8.py --out benchmarks/results/fp8_h200.json [--quick]
+
+Per case (q_len 1, GQA 32/8 unless said, D 128, bf16 q, ``kv_lens`` = full): the FP8 cache (e4m3, scales
+per kv head, :func:`attntune.fp8.quantize_kv`) through ``decode_attention`` at its default config and at
+the best of a small grid (splits x BLOCK_N x warps), against the same problem in bf16 through torch SDPA
+(default backend, and each fused backend that runs it; no mask: every length is full) and through our
+bf16 decode. Timed under CUDA graphs (``do_bench_cudagraph``, what a serving engine sees) and eagerly
+(``do_bench``), rotating over enough copies of the cache that every call reads it from HBM (as
+``bench_decode.py``). Bytes: K + V once, in the format read (FP8 TB/s counts FP8 bytes). Relative error
+of the FP8 output against a float32 reference on the float cache it was quantised from, and of the bf16
+SDPA output likewise, per case.
+
+Summary (``summary``): ``decode_fp8_vs_sdpa_bf16`` (geomean over cases whose bf16 K+V is >= 32 MB, best
+SDPA backend, graphs), ``decode_fp8_tbps`` (max), ``decode_b1_kv8k_graph_us``, ``max_rel_error``; the
+prefill fields stay null until the FP8 prefill forward (item 2) exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decode import l2_bytes, rotating, time_eager, time_graph  # noqa: E402
+from env import environment  # noqa: E402
+
+from attntune import fp8  # noqa: E402
+from attntune.kernels.triton_decode.op import decode_attention  # noqa: E402
+
+CASES = [  # (B, KV len, Hq, Hkv)
+    (1, 8192, 32, 8), (1, 32768, 32, 8), (1, 131072, 32, 8), (8, 8192, 32, 8), (32, 8192, 32, 8),
+    (64, 4096, 32, 8), (8, 32768, 32, 8), (16, 2048, 32, 32),
+]
+QUICK = [(1, 8192, 32, 8), (32, 8192, 32, 8)]
+GRID = dict(num_splits=(0, 1, 2, 4, 8, 16, 32), BLOCK_N=(64, 128), num_warps=(4, 8))
+D = 128
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+
+
+def _sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def run(q, k, v):
+        if backend is None:
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return run
+
+
+def rel_err(out, exact) -> float:
+    return ((out.float() - exact).norm() / exact.norm()).item()
+
+
+def bench_case(b, s, hq, hkv, sweep: bool):
+    gen = torch.Generator(device="cuda").manual_seed(b * 1000 + s)
+    bf16_bytes = 2 * b * hkv * s * D * 2
+    n = max(1, min(32, math.ceil(4 * l2_bytes() / (bf16_bytes // 2))))  # FP8 copies >= 4x L2
+    q = torch.randn(b, hq, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    lens = torch.full((b,), s, device="cuda", dtype=torch.int32)
+    copies, copies8 = [], []
+    for _ in range(n):
+        k = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        copies8.append(fp8.quantize_kv(k, v))
+        if len(copies) < max(1, min(n, math.ceil(4 * l2_bytes() / bf16_bytes))):
+            copies.append((k, v))
+    rec = {"B": b, "kv_len": s, "Hq": hq, "Hkv": hkv, "D": D, "bf16_kv_bytes": bf16_bytes,
+           "fp8_kv_bytes": bf16_bytes // 2, "copies_fp8": len(copies8), "copies_bf16": len(copies),
+           "graph_us": {}, "eager_us": {}, "rel_error": {}}
+
+    def fp8_calls(cfg=None, cs=tuple(copies8)):
+        return [lambda c=c: decode_attention(q, c[0], c[1], kv_lens=lens, k_scale=c[2], v_scale=c[3],
+                                             config=cfg) for c in cs]
+
+    impls = {"fp8_decode": fp8_calls(),
+             "bf16_decode": [lambda k=k, v=v: decode_attention(q, k, v, kv_lens=lens) for k, v in copies]}
+    for name in [None, *SDPA_BACKENDS]:
+        fn = _sdpa(name)
+        try:
+            fn(q, copies[0][0], copies[0][1])
+        except Exception as e:  # noqa: BLE001 — a backend that cannot run this problem
+            rec.setdefault("sdpa_unavailable", {})[name or "default"] = f"{type(e).__name__}: {e}"[:200]
+            continue
+        impls[f"sdpa_{name or 'default'}"] = [lambda k=k, v=v, fn=fn: fn(q, k, v) for k, v in copies]
+    for name, calls in impls.items():
+        f = rotating(calls)
+        f()
+        torch.cuda.synchronize()
+        rec["graph_us"][name] = time_graph(f)
+        rec["eager_us"][name] = time_eager(f)
+    if sweep:
+        best = (math.inf, None)
+        for vals in itertools.product(*GRID.values()):
+            cfg = dict(zip(GRID, vals))
+            try:
+                f = rotating(fp8_calls(cfg))
+                f()
+                t = time_graph(f, rep=10)
+            except Exception:  # noqa: BLE001 — out of resources at this shape
+                continue
+            if t < best[0]:
+                best = (t, cfg)
+        if best[1] is not None:
+            rec["fp8_best_config"] = best[1]
+            rec["graph_us"]["fp8_decode_best"] = time_graph(rotating(fp8_calls(best[1])))
+    # error against float32 on the float cache of copy 0
+    k, v = copies[0]
+    k8, v8, ks, vs = copies8[0]
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+    out8 = decode_attention(q, k8, v8, kv_lens=lens, k_scale=ks, v_scale=vs)
+    rec["rel_error"]["fp8_decode"] = rel_err(out8, exact)
+    rec["rel_error"]["sdpa_default_bf16"] = rel_err(_sdpa(None)(q, k, v), exact)
+    sd = [t for n_, t in rec["graph_us"].items() if n_.startswith("sdpa_")]
+    fp = min(t for n_, t in rec["graph_us"].items() if n_.startswith("fp8_decode"))
+    rec["fp8_vs_best_sdpa_graph"] = min(sd) / fp if sd else None
+    rec["fp8_tbps"] = rec["fp8_kv_bytes"] / (fp * 1e-6) / 1e12
+    return rec
+
+
+def summarize(rows):
+    big = [r["fp8_vs_best_sdpa_graph"] for r in rows
+           if r["bf16_kv_bytes"] >= 32e6 and r["fp8_vs_best_sdpa_graph"]]
+    b1 = [min(t for n, t in r["graph_us"].items() if n.startswith("fp8_decode")) for r in rows
+          if r["B"] == 1 and r["kv_len"] == 8192 and r["Hkv"] == 8]
+    return {"decode_fp8_vs_sdpa_bf16": math.exp(sum(map(math.log, big)) / len(big)) if big else None,
+            "decode_fp8_tbps": max((r["fp8_tbps"] for r in rows), default=None),
+            "decode_b1_kv8k_graph_us": b1[0] if b1 else None,
+            "prefill_fp8_tflops": None, "prefill_fp8_vs_cudnn_bf16": None,
+            "max_rel_error": max((r["rel_error"]["fp8_decode"] for r in rows), default=None)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/results/fp8_h200.json")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_fp8 needs a CUDA GPU")
+    t0 = time.time()
+    doc = {"benchmark": "fp8", "environment": environment(), "args": vars(args), "cases": []}
+    for b, s, hq, hkv in (QUICK if args.quick else CASES):
+        try:
+            r = bench_case(b, s, hq, hkv, sweep=not args.no_sweep)
+        except Exception as e:  # noqa: BLE001
+            r = {"B": b, "kv_len": s, "Hq": hq, "Hkv": hkv, "error": f"{type(e).__name__}: {e}"}
+        torch.cuda.empty_cache()  # the case's cache copies are gone with its frame
+        doc["cases"].append(r)
+        print(json.dumps(r), flush=True)
+        ok = [c for c in doc["cases"] if "error" not in c]
+        doc["summary"] = summarize(ok)
+        doc["elapsed_s"] = time.time() - t0
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    print(json.dumps(doc["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
