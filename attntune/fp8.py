@@ -77,4 +77,21 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, per: str = "head",
     return quantize(k, ks, dtype), quantize(v, vs, dtype), ks, vs
 
 
-__all__ = ["FORMATS", "scales", "quantize", "dequantize", "quantize_kv"]
+def check_scales(k: torch.Tensor, k_scale, v_scale) -> None:
+    """``ValueError`` naming ``k_scale`` or ``v_scale`` unless each is a float32 tensor on ``k``'s device
+    with one element (per tensor) or a contiguous ``[Hkv]`` (per kv head)."""
+    hkv = k.shape[1]
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not isinstance(sc, torch.Tensor):
+            raise ValueError(f"{name}: expected a float32 tensor ([1] or [Hkv={hkv}]) with FP8 K/V, got "
+                             f"{type(sc).__name__}")
+        if sc.dtype != torch.float32:
+            raise ValueError(f"{name}: expected float32, got {sc.dtype}")
+        if sc.device != k.device:
+            raise ValueError(f"{name}: device {sc.device} differs from k's {k.device}")
+        if sc.numel() != 1 and (sc.dim() != 1 or sc.numel() != hkv or sc.stride(0) != 1):
+            raise ValueError(f"{name}: expected one scale or a contiguous [Hkv={hkv}] tensor, got shape "
+                             f"{tuple(sc.shape)}")
+
+
+__all__ = ["FORMATS", "scales", "quantize", "dequantize", "quantize_kv", "check_scales"]

@@ -75,6 +75,9 @@ class TuneKey(BaseModel):
     kv_lens: bool
     mode: Mode
     approx: bool
+    #: FP8 K/V format (``AttentionProblem.kv_dtype``); None — the default, left out of :attr:`key_id` so
+    #: that every key without it keeps the id it had before the field existed
+    kv_dtype: Optional[str] = None
 
     @classmethod
     def from_problem(cls, problem: AttentionProblem, device: DeviceFingerprint) -> "TuneKey":
@@ -88,7 +91,7 @@ class TuneKey(BaseModel):
             seqlen_kv=bucket(problem.seqlen_kv), head_dim=problem.head_dim,
             head_dim_v=problem.head_dim_v, causal=problem.causal, causal_align=align,
             window=None if problem.window is None else tuple(window_bucket(w) for w in problem.window),
-            kv_lens=problem.kv_lens, mode=problem.mode, approx=problem.approx,
+            kv_lens=problem.kv_lens, mode=problem.mode, approx=problem.approx, kv_dtype=problem.kv_dtype,
         )
 
     def representative(self) -> AttentionProblem:
@@ -98,14 +101,14 @@ class TuneKey(BaseModel):
             seqlen_q=self.seqlen_q, seqlen_kv=self.seqlen_kv, head_dim=self.head_dim,
             head_dim_v=self.head_dim_v, dtype=self.dtype, device_type=self.device.device_type,
             causal=self.causal, causal_align=self.causal_align, window=self.window,
-            kv_lens=self.kv_lens, mode=self.mode, approx=self.approx,
+            kv_lens=self.kv_lens, mode=self.mode, approx=self.approx, kv_dtype=self.kv_dtype,
         )
 
     def family(self) -> tuple:
         """Everything but the bucketed sizes: keys of one family may stand in for each other."""
         return (self.device.arch, self.device.name, self.dtype, self.heads_q, self.heads_kv,
                 self.head_dim, self.head_dim_v, self.causal, self.causal_align,
-                self.window is not None, self.kv_lens, self.mode, self.approx)
+                self.window is not None, self.kv_lens, self.mode, self.approx, self.kv_dtype)
 
     def distance(self, other: "TuneKey") -> float:
         """Log-distance over the bucketed sizes (and window sides); inf across families."""
@@ -119,8 +122,10 @@ class TuneKey(BaseModel):
 
     @property
     def key_id(self) -> str:
-        """A stable id (sha1 of the canonical JSON): the cache's primary key."""
-        return hashlib.sha1(self.model_dump_json().encode()).hexdigest()[:20]
+        """A stable id (sha1 of the canonical JSON): the cache's primary key. ``kv_dtype`` enters only
+        when set (see the field)."""
+        exclude = {"kv_dtype"} if self.kv_dtype is None else None
+        return hashlib.sha1(self.model_dump_json(exclude=exclude).encode()).hexdigest()[:20]
 
     def short(self) -> str:
         s = (f"B{self.batch} H{self.heads_q}/{self.heads_kv} S{self.seqlen_q}x{self.seqlen_kv} "
@@ -133,6 +138,8 @@ class TuneKey(BaseModel):
             s += " kv_lens"
         if self.approx:
             s += " approx"
+        if self.kv_dtype is not None:
+            s += f" kv:{self.kv_dtype.removeprefix('float8_')}"
         return s + f" {self.mode}"
 
 

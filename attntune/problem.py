@@ -57,6 +57,14 @@ DTYPES = {
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
+#: FP8 formats of a K/V cache (``kv_dtype``): K and V hold these codes, with float32 scales beside them
+#: (``k_scale``/``v_scale`` of :func:`attntune.attention`); q and the output stay float16/bfloat16.
+#: e4m3fnuz is ROCm gfx942's format (a code path, untested without an AMD GPU).
+KV_DTYPES = {n: getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz") if hasattr(torch, n)}
+KV_DTYPE_NAMES = {v: k for k, v in KV_DTYPES.items()}
+#: q dtypes an FP8 K/V cache may serve
+FP8_Q_DTYPES = ("float16", "bfloat16")
+
 
 #: a window side at or beyond this admits every key of any sequence that fits in memory: larger sides are
 #: clamped to it (canonicalisation then makes the side unbounded), so no size overflows a kernel's int
@@ -178,12 +186,21 @@ class AttentionProblem(BaseModel):
     mode: Mode = "fwd"
     approx: bool = False
     scale: Optional[float] = None
+    #: None: K/V in ``dtype``; else their FP8 format (:data:`KV_DTYPES`), dequantised by float32 scales
+    kv_dtype: Optional[str] = None
 
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, v: str) -> str:
         if v not in DTYPES:
             raise ValueError(f"dtype: unsupported {v!r}; expected one of {sorted(DTYPES)}")
+        return v
+
+    @field_validator("kv_dtype")
+    @classmethod
+    def _kv_dtype(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in KV_DTYPES:
+            raise ValueError(f"kv_dtype: unsupported {v!r}; expected None or one of {sorted(KV_DTYPES)}")
         return v
 
     @field_validator("window")
@@ -208,6 +225,10 @@ class AttentionProblem(BaseModel):
             raise ValueError(
                 f"heads_kv: heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})"
             )
+        if self.kv_dtype is not None and self.dtype not in FP8_Q_DTYPES:
+            raise ValueError(f"kv_dtype: an FP8 K/V cache needs q in {list(FP8_Q_DTYPES)}, got {self.dtype}")
+        if self.kv_dtype is not None and self.mode != "fwd":
+            raise ValueError("kv_dtype: an FP8 K/V cache is for inference (mode 'fwd', no gradients)")
         return self
 
     # ---- derived -------------------------------------------------------------------------------
@@ -294,13 +315,15 @@ class AttentionProblem(BaseModel):
         return f * (3.5 if self.mode == "fwd_bwd" else 1.0)
 
     def bytes_moved(self) -> float:
-        """Fewest bytes a forward must move: Q, K, V read once, O written once."""
+        """Fewest bytes a forward must move: Q, K, V read once, O written once (K/V at their FP8 size
+        where ``kv_dtype`` is set)."""
         es = self.torch_dtype.itemsize
+        kes = es if self.kv_dtype is None else KV_DTYPES[self.kv_dtype].itemsize
         q = self.batch * self.heads_q * self.seqlen_q * self.head_dim
         k = self.batch * self.heads_kv * self.seqlen_kv * self.head_dim
         v = self.batch * self.heads_kv * self.seqlen_kv * self.head_dim_v
         o = self.batch * self.heads_q * self.seqlen_q * self.head_dim_v
-        return float((q + k + v + o) * es)
+        return float((q + o) * es + (k + v) * kes)
 
     def short(self) -> str:
         s = (f"B{self.batch} H{self.heads_q}/{self.heads_kv} S{self.seqlen_q}x{self.seqlen_kv} "
@@ -311,18 +334,29 @@ class AttentionProblem(BaseModel):
             s += f" win{self.window}"
         if self.kv_lens:
             s += " kv_lens"
+        if self.kv_dtype is not None:
+            s += f" kv:{self.kv_dtype.removeprefix('float8_')}"
         return s + f" {self.mode}"
 
 
 def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 kv_lens: Optional[torch.Tensor] = None) -> None:
-    """Raise ``ValueError`` naming the offending argument when q/k/v/kv_lens do not fit together."""
+                 kv_lens: Optional[torch.Tensor] = None, fp8: bool = False) -> None:
+    """Raise ``ValueError`` naming the offending argument when q/k/v/kv_lens do not fit together.
+    ``fp8``: k and v are FP8 codes (:data:`KV_DTYPES`, one format for both) of a float16/bfloat16 q."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D tensor [B, H, S, D], got shape {tuple(t.shape)}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
+    if fp8:
+        if k.dtype not in KV_DTYPE_NAMES or v.dtype != k.dtype:
+            raise ValueError(f"k/v: with k_scale/v_scale, k and v must be one FP8 format "
+                             f"({sorted(KV_DTYPES)}), got k {k.dtype}, v {v.dtype}")
+        if DTYPE_NAMES.get(q.dtype) not in FP8_Q_DTYPES:
+            raise ValueError(f"q: an FP8 K/V cache needs q in {list(FP8_Q_DTYPES)}, got {q.dtype}")
+    elif k.dtype in KV_DTYPE_NAMES or v.dtype in KV_DTYPE_NAMES:
+        raise ValueError(f"k/v: FP8 codes ({k.dtype}, {v.dtype}) need their float32 k_scale and v_scale")
+    elif k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"k/v: dtype must match q ({q.dtype}), got k {k.dtype}, v {v.dtype}")
     if q.dtype not in DTYPE_NAMES:
         raise ValueError(f"q: unsupported dtype {q.dtype}; expected one of {sorted(DTYPES)}")
@@ -362,12 +396,14 @@ def problem_from_tensors(
     validate: bool = True,
 ) -> AttentionProblem:
     """Build the *canonical* problem of a call in O(1) (shapes only; no data is read): the mask
-    arguments are reduced by :func:`canonical_mask` before the model is built (once).
+    arguments are reduced by :func:`canonical_mask` before the model is built (once). K/V in an FP8
+    format (:data:`KV_DTYPES`) set ``kv_dtype``.
 
     ``mode`` defaults to ``fwd_bwd`` when grad is enabled and any input requires grad.
     """
+    kv_dtype = KV_DTYPE_NAMES.get(k.dtype) if isinstance(k, torch.Tensor) else None
     if validate:
-        validate_qkv(q, k, v, kv_lens)
+        validate_qkv(q, k, v, kv_lens, fp8=kv_dtype is not None)
     if mode is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         mode = "fwd_bwd" if needs_grad else "fwd"
@@ -378,5 +414,5 @@ def problem_from_tensors(
         batch=q.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
         seqlen_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=dtype_name(q.dtype),
         device_type=q.device.type, causal=causal, causal_align=causal_align, window=window,
-        kv_lens=kv_lens is not None, mode=mode, approx=bool(approx), scale=scale,
+        kv_lens=kv_lens is not None, mode=mode, approx=bool(approx), scale=scale, kv_dtype=kv_dtype,
     )

@@ -57,6 +57,7 @@ else:
         "attntune.kernels.triton_decode_variant",
         "attntune.kernels.nystrom",
         "attntune.kernels.flex",
+        "attntune.kernels.fp8_dequant",
     )
 
     UNAVAILABLE: Dict[str, str] = {}

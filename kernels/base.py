@@ -116,6 +116,11 @@ class Variant(abc.ABC):
     #: dims, heads, mask kind, mode, device — not batch or sequence lengths): a config valid for one
     #: shape of a family is then valid for all of them, and :meth:`reuse_reasons` skips re-validating it.
     space_depends_on_lengths: ClassVar[bool] = True
+    #: FP8 K/V formats (``AttentionProblem.kv_dtype``) this variant reads, with the call's float32
+    #: ``k_scale``/``v_scale`` passed to :meth:`run` and bound callables as two more positional arguments
+    #: after ``kv_lens``. Empty (the default): K/V only in q's dtype — :func:`registry.reasons` keeps the
+    #: variant from FP8 problems, so a variant never receives codes it would read as numbers.
+    kv_dtypes: ClassVar[Tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def supports(self, problem: AttentionProblem) -> List[str]:

@@ -67,9 +67,17 @@ def allowed_variants() -> Optional[frozenset]:
     return names or None
 
 
+def kv_reasons(variant: Variant, problem: AttentionProblem) -> List[str]:
+    """Why ``variant`` cannot read ``problem``'s K/V (an FP8 format it does not declare), else []."""
+    if problem.kv_dtype is None or problem.kv_dtype in variant.kv_dtypes:
+        return []
+    return [f"K/V in {problem.kv_dtype}: reads only " + (", ".join(variant.kv_dtypes) + " codes or "
+                                                          if variant.kv_dtypes else "") + "q's dtype"]
+
+
 def reasons(variant: Variant, problem: AttentionProblem) -> List[str]:
     """Everything that keeps ``variant`` from ``problem``: environment, exactness, its own supports()."""
-    out = env_reasons(variant)
+    out = env_reasons(variant) + kv_reasons(variant, problem)
     if not variant.exact and not problem.approx:
         out.append("approximate; the call did not allow approximation")
     try:

@@ -19,7 +19,7 @@ from attntune.kernels.triton_common import block_d, device_reasons, dot_precisio
 from attntune.kernels.triton_decode.launch import (SMEM_BLOCK_BUDGET, DecodeConfig, block_m, keys_per_program,
                                                    kv_smem_bytes, prepare_decode)
 from attntune.tolerances import tf32_allowed
-from attntune.problem import AttentionProblem
+from attntune.problem import KV_DTYPES, AttentionProblem
 
 MAX_SEQLEN_Q = 16
 #: Eager calls (not being captured in a CUDA graph) whose programs each read at most this many K+V bytes
@@ -46,6 +46,9 @@ class TritonDecodeVariant(Variant):
                    "sliding window; forward only, Sq <= 16")
     # space() reads head dims, the GQA group, Sq (exact in its bucket up to 16) and dtype only
     space_depends_on_lengths = False
+    # FP8 K/V caches: codes widened in registers, K's scale folded into the softmax scale, V's applied to
+    # the output (kernels/triton_decode/jit.py)
+    kv_dtypes = tuple(KV_DTYPES)
     source_modules = (
         "attntune.kernels.launch_config",
         "attntune.kernels.triton_common",
@@ -135,8 +138,9 @@ class TritonDecodeVariant(Variant):
         return BoundDecode(self, problem, config)
 
     def run(self, q, k, v, problem: AttentionProblem, config: Config,
-            kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return BoundDecode(self, problem, config)(q, k, v, problem, config, kv_lens)
+            kv_lens: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+            v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return BoundDecode(self, problem, config)(q, k, v, problem, config, kv_lens, k_scale, v_scale)
 
 
 class BoundDecode:
@@ -167,23 +171,29 @@ class BoundDecode:
         self.causal, self.window, self.scale = problem.causal, problem.window, problem.softmax_scale
         self.fp32 = problem.dtype == "float32"
         self.cuda = problem.device_type == "cuda"
-        self.bytes_per_key = (problem.head_dim + problem.head_dim_v) * problem.torch_dtype.itemsize
+        kv_size = (problem.torch_dtype if problem.kv_dtype is None else KV_DTYPES[problem.kv_dtype]).itemsize
+        self.bytes_per_key = (problem.head_dim + problem.head_dim_v) * kv_size
         self.launches = {}
         self.last = {}  # the layout but the KV length -> the launch prepared last for it
 
     def __call__(self, q, k, v, problem: AttentionProblem, config: Config,
-                 kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 kv_lens: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+                 v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         capturing = q.is_cuda and _capturing()
         tf32 = tf32_allowed() if self.fp32 else True
         layout = (q.shape, k.shape[2], capturing, tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16,
                   k.data_ptr() % 16, v.data_ptr() % 16,
-                  None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16))
+                  None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16),
+                  # FP8: one scale or one per head, and their alignment (the launch specializes on both)
+                  None if k_scale is None else (k_scale.numel(), v_scale.numel(), k_scale.data_ptr() % 16,
+                                                v_scale.data_ptr() % 16))
         launch = self.launches.get(layout)
         if launch is None:
-            return self._first(layout, q, k, v, kv_lens, capturing, tf32)
-        return launch.launch(q, k, v, kv_lens, q.new_empty(launch.out_shape), q.get_device())
+            return self._first(layout, q, k, v, kv_lens, capturing, tf32, k_scale, v_scale)
+        return launch.launch(q, k, v, kv_lens, q.new_empty(launch.out_shape), q.get_device(), k_scale, v_scale)
 
-    def _first(self, layout, q, k, v, kv_lens, capturing: bool, tf32: bool) -> torch.Tensor:
+    def _first(self, layout, q, k, v, kv_lens, capturing: bool, tf32: bool, k_scale=None,
+               v_scale=None) -> torch.Tensor:
         """The first call of ``layout``: prepare its launch — from the last launch of the same layout
         but another KV length when only the length argument differs (a serving loop's views into one
         cache: :meth:`~attntune.kernels.triton_decode.launch.DecodeLaunch.with_length`), else in full."""
@@ -198,13 +208,13 @@ class BoundDecode:
             launch = launch.with_length(k.shape[2]) if launch.cfg is cfg else None
         if launch is None:
             launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, cfg, dot_precision(q.dtype),
-                                    self.window)
+                                    self.window, k_scale, v_scale)
         if len(self.launches) >= MAX_LAUNCHES:  # a long decode loop: one layout per length ever seen
             self.launches.clear()
             self.last.clear()
         self.launches[layout] = launch
         self.last[other] = launch
-        return launch.launch(q, k, v, kv_lens, out, q.get_device())
+        return launch.launch(q, k, v, kv_lens, out, q.get_device(), k_scale, v_scale)
 
 
 _capturing = torch.cuda.is_current_stream_capturing

@@ -64,7 +64,8 @@ _OP = "op"        # first element of the custom op's signatures
 # ---- public entry points ----------------------------------------------------------------------------
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               window: Optional[Tuple[int, int]] = None, scale: Optional[float] = None,
-              kv_lens: Optional[Tensor] = None, approx: Optional[bool] = None) -> Tensor:
+              kv_lens: Optional[Tensor] = None, approx: Optional[bool] = None,
+              k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None) -> Tensor:
     """Attention through the fastest correct implementation this process knows for the call.
 
     q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Skv, D]``, v ``[B, Hkv, Skv, Dv]`` → ``[B, Hq, Sq, Dv]`` in q's
@@ -82,11 +83,21 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     * ``window`` sides are integers, ``-1`` or ``>= 0``, of any size (clamped to the sequence); bools,
       floats and ``inf`` are refused.
     * ``approx``: allow approximate variants (Nyström) for this call; None = ``ATTNTUNE_ALLOW_APPROX``.
+    * ``k_scale``, ``v_scale``: an **FP8 K/V cache** (inference only). ``k``/``v`` then hold FP8 codes
+      (``float8_e4m3fn`` or ``float8_e5m2``, one format for both; ``float8_e4m3fnuz`` on ROCm, untested),
+      q is float16/bfloat16, and the real keys/values are ``codes.float() * scale`` with float32 scales
+      ``[1]`` (per tensor) or contiguous ``[Hkv]`` (per kv head); :func:`attntune.fp8.quantize_kv` makes
+      both from a float cache. Only FP8-capable variants serve such calls (:mod:`attntune.policies.fp8`);
+      a call without scales never gets an FP8 kernel, and FP8 ``k``/``v`` without scales are refused.
 
     Rows that admit no key return zeros. Invalid inputs raise ``ValueError`` naming the argument.
     """
     if window is not None:
         window = validate_window(window)
+    if k_scale is not None or v_scale is not None:
+        from attntune.policies.fp8 import attention_fp8  # FP8 K/V: off the common path
+
+        return attention_fp8(q, k, v, k_scale, v_scale, causal, window, scale, kv_lens, approx, attention)
     if _is_compiling():
         return _compiled(q, k, v, kv_lens, causal, False, window, scale, approx)
     try:

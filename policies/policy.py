@@ -86,13 +86,13 @@ HEURISTIC_RULES: Tuple[Rule, ...] = (
          "SDPA would need a materialised mask (bottom-right causal with Sq != Skv, window, kv_lens) "
          "or a slow backend (odd head dim)"),
     Rule("safe", ("cuda", "cpu"), lambda p: True,
-         ("sdpa_default", "eager"),
-         "torch SDPA (a materialised mask where needed), else eager"),
+         ("sdpa_default", "eager", "fp8_dequant"),
+         "torch SDPA (a materialised mask where needed), else eager; FP8 K/V widened first"),
 )
 
 #: The safe fallback (``ATTNTUNE_DISABLE``, ``ATTNTUNE_MAX_SEQLEN``, after a failure): torch SDPA if it
 #: supports the problem, else eager. Environment allow-lists do not apply: this is the last resort.
-FALLBACK_CHAIN = ("sdpa_default", "eager")
+FALLBACK_CHAIN = ("sdpa_default", "eager", "fp8_dequant")
 
 Quarantine = Set[Tuple[str, str]]
 
@@ -128,6 +128,7 @@ def usable(name: str, config: Optional[dict], problem: AttentionProblem, quarant
 
 def _supports(v, problem) -> List[str]:
     out = [] if v.exact or problem.approx else ["approximate; the call did not allow approximation"]
+    out.extend(registry.kv_reasons(v, problem))
     try:
         out.extend(v.supports(problem))
     except Exception as e:  # noqa: BLE001
@@ -163,7 +164,7 @@ def _timing_note(key: TuneKey) -> str:
 def fallback_plan(problem: AttentionProblem, key: Optional[TuneKey], why: Sequence[str],
                   quarantine: Quarantine = frozenset()) -> Plan:
     """torch SDPA if it supports ``problem`` (and has not failed in this process), else eager (which
-    runs every exact problem)."""
+    runs every exact problem); for FP8 K/V, ``fp8_dequant`` (the codes widened, then the same)."""
     notes = list(why)
     for name in FALLBACK_CHAIN:
         if not registry.exists(name):
@@ -174,7 +175,8 @@ def fallback_plan(problem: AttentionProblem, key: Optional[TuneKey], why: Sequen
         if not r:
             return _make(name, None, "fallback", problem, key, notes + [f"safe fallback: {name}"])
         notes.append(f"{name}: {'; '.join(r)}")
-    name = FALLBACK_CHAIN[-1]
+    # eager runs every exact problem; an FP8 K/V cache must be widened first (fp8_dequant)
+    name = "eager" if problem.kv_dtype is None else "fp8_dequant"
     return _make(name, None, "fallback", problem, key, notes + [f"last resort: {name}"])
 
 
@@ -245,6 +247,9 @@ def _online(problem: AttentionProblem, key: TuneKey, index: CacheIndex, cfg: Run
     store = index.user
     if store is None:
         notes.append("online tuning skipped: no writable user cache")
+        return None
+    if problem.kv_dtype is not None:
+        notes.append("online tuning skipped: the tuner has no FP8 K/V inputs yet")
         return None
     LOG.info("online: tuning %s (%d trials, %.0f s)", key.short(), cfg.online_trials, cfg.online_seconds)
     try:

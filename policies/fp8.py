@@ -1,0 +1,119 @@
+"""``attention()`` over an FP8 K/V cache: the calls that pass ``k_scale`` and ``v_scale``.
+
+K and V hold FP8 codes (:data:`attntune.problem.KV_DTYPES`, one format for both), q is float16/bfloat16,
+and the real keys and values are ``codes.float() * scale`` with float32 scales of shape ``[1]`` (per
+tensor) or ``[Hkv]`` (per kv head) — :mod:`attntune.fp8` makes both from a float cache. The problem
+carries ``kv_dtype``; only variants that declare the format (``Variant.kv_dtypes``: ``triton_decode``
+reads the codes directly, ``fp8_dequant`` widens them — the fallback) can serve it, so a call in q's dtype
+never meets an FP8 kernel and FP8 codes never reach a kernel that would read them as numbers.
+
+The same slot table as every other call (:data:`~attntune.policies.runtime.SLOTS`, its signatures tagged
+``"fp8"``): a repeat call is one dict look-up and the bound call with the two scales appended. A new
+signature resolves a plan through the policy (the shipped cache has no FP8 rows yet: the heuristic rules
+decide, and the online policy does not tune FP8 keys). A variant that fails is quarantined and the call
+goes to the fallback, as elsewhere. Not covered yet: latency sampling, and ``torch.compile``, under which
+the codes are widened and the call goes through the regular custom op (correct, not fast).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from attntune.fp8 import check_scales
+from attntune.policies import runtime as _runtime
+from attntune.policies.policy import fallback_plan
+from attntune.policies.runtime import SLOTS, Slot
+from attntune.problem import problem_from_tensors, validate_qkv
+
+_FP8 = "fp8"  # first element of these calls' signatures
+
+
+def _widen(t: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    return (t.float() * scale.to(torch.float32).view(1, -1, 1, 1)).to(dtype)
+
+
+def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, causal, window, scale,
+                  kv_lens: Optional[Tensor], approx, entry) -> Tensor:
+    """:func:`attntune.attention` with FP8 ``k``/``v`` (module docstring); ``entry`` is that function,
+    for the widened call under ``torch.compile``. ``window`` is already validated."""
+    if torch.compiler.is_compiling():
+        return entry(q, _widen(k, k_scale, q.dtype), _widen(v, v_scale, q.dtype), causal=causal, window=window,
+                     scale=scale, kv_lens=kv_lens, approx=approx)
+    try:
+        sig = (_FP8, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+               causal, window, scale, approx,
+               None if kv_lens is None else (kv_lens.shape, kv_lens.dtype, kv_lens.device),
+               k_scale.shape, k_scale.stride(), k_scale.dtype, k_scale.device,
+               v_scale.shape, v_scale.stride(), v_scale.dtype, v_scale.device)
+        slot = SLOTS.get(sig)
+    except (AttributeError, TypeError):  # not tensors / unhashable arguments: say which one
+        _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale)
+        raise
+    if slot is None:
+        slot = _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx)
+    if kv_lens is not None and _runtime.CHECK:
+        from attntune.policies.dispatch import check_kv_lens
+
+        check_kv_lens(kv_lens, k.shape[2])
+    slot.calls += 1
+    try:
+        return slot.fn(q, k, v, slot.problem, slot.config, kv_lens, k_scale, v_scale)
+    except Exception as e:  # noqa: BLE001 — quarantine and fall back; re-raised if the fallback fails
+        return _failed(sig, slot, e, q, k, v, kv_lens, k_scale, v_scale)
+
+
+def _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale) -> None:
+    from attntune.policies.dispatch import _check_scalars
+
+    validate_qkv(q, k, v, kv_lens, fp8=True)
+    check_scales(k, k_scale, v_scale)
+    _check_scalars(causal, scale)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError("k_scale/v_scale: an FP8 K/V cache is for inference; no input may require grad")
+
+
+def _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx) -> Slot:
+    from attntune.policies.dispatch import _store
+
+    _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale)
+    rt = _runtime.get()
+    problem = problem_from_tensors(q, k, v, causal=bool(causal), window=window, kv_lens=kv_lens, mode="fwd",
+                                   approx=rt.config.allow_approx if approx is None else bool(approx),
+                                   scale=None if scale is None else float(scale), validate=False)
+    with rt.lock:
+        slot = SLOTS.get(sig)
+        if slot is None:
+            plan, fresh = rt.resolve(problem, q.device)
+            slot = _store(sig, plan, fresh, q.device)
+    return slot
+
+
+def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, k_scale, v_scale) -> Tensor:
+    plan = slot.plan
+    if plan is None or plan.source == "fallback" or isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        raise error
+    rt = _runtime.get()
+    problem = slot.problem.resized(q.shape[0], q.shape[2], k.shape[2]) if slot.generic else slot.problem
+    if isinstance(error, (ValueError, TypeError)):  # perhaps the arguments' fault: the fallback decides
+        fb = fallback_plan(problem, plan.key, [], rt.quarantine)
+        try:
+            out = fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens, k_scale, v_scale)
+        except Exception:  # noqa: BLE001
+            raise error from None
+        rt.quarantine_plan(plan, error, problem)
+        return out
+    fb = rt.quarantine_plan(plan, error, problem)
+    with rt.lock:
+        new = Slot(fb, fb.impl.run, fb.problem, fb.config, 0, slot.device, slot.miss, slot.reported)
+        new.calls = slot.calls
+        SLOTS[sig] = new
+    try:
+        return new.fn(q, k, v, new.problem, new.config, kv_lens, k_scale, v_scale)
+    except Exception as e2:
+        raise e2 from error
+
+
+__all__: Tuple[str, ...] = ("attention_fp8",)

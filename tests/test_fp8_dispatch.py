@@ -1,0 +1,186 @@
+"""FP8 K/V caches through the runtime: ``attntune.attention(q, k_codes, v_codes, k_scale=, v_scale=)``.
+
+The problem model and key carry ``kv_dtype`` (without changing any existing key's id), only variants that
+declare the format serve such calls (``triton_decode`` reads the codes, ``fp8_dequant`` widens them — the
+fallback, and what a CPU gets), a call without scales never meets them, and bad arguments name themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import attntune
+from attntune import fp8
+from attntune.kernels import registry
+from attntune.kernels.base import Variant
+from attntune.kernels.reference import reference_attention
+from attntune.key import TuneKey
+from attntune.problem import AttentionProblem, dtype_name
+from helpers import assert_close, rand_qkv
+
+ROOT = Path(__file__).resolve().parents[1]
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime():
+    attntune.reset()
+    yield
+    attntune.reset()
+
+
+def _case(b, hq, hkv, sq, s, d, dtype=torch.bfloat16, per="head", fmt=E4M3, seed=0):
+    q, k, v = rand_qkv(b, hq, hkv, sq, s, d, seed=seed)
+    k8, v8, ks, vs = fp8.quantize_kv(k, v, per=per, dtype=fmt)
+    return q.to(dtype), k8, v8, ks, vs
+
+
+def _ref(q, k8, v8, ks, vs, lens=None, causal=False, window=None):
+    p = AttentionProblem(batch=q.shape[0], heads_q=q.shape[1], heads_kv=k8.shape[1], seqlen_q=q.shape[2],
+                         seqlen_kv=k8.shape[2], head_dim=q.shape[3], head_dim_v=v8.shape[3],
+                         dtype=dtype_name(q.dtype), causal=causal, window=window, kv_lens=lens is not None)
+    return reference_attention(q, fp8.dequantize(k8, ks), fp8.dequantize(v8, vs), p, lens)
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+@pytest.mark.parametrize("per", ["head", "tensor"])
+@pytest.mark.parametrize("sq,causal,window,lens", [(1, False, None, False), (3, True, None, True),
+                                                    (2, True, (9, 0), True), (1, False, (5, -1), False)])
+def test_attention_with_fp8_kv_equals_the_reference_on_the_dequantised_cache(fmt, per, sq, causal, window, lens):
+    q, k8, v8, ks, vs = _case(3, 6, 2, sq, 29, 24, per=per, fmt=fmt)
+    kv_lens = torch.tensor([29, 1, 17], dtype=torch.int32) if lens else None
+    out = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs, causal=causal, window=window, kv_lens=kv_lens)
+    assert out.dtype == q.dtype and out.shape == (3, 6, sq, 24)
+    assert_close(out, _ref(q, k8, v8, ks, vs, kv_lens, causal, window), "bfloat16")
+    # a repeat call takes the stored slot and gives the same
+    again = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs, causal=causal, window=window, kv_lens=kv_lens)
+    assert torch.equal(out, again)
+    [plan] = [p for p in attntune.stats()["plans"] if "kv:" in p["problem"]]
+    assert plan["variant"] == "fp8_dequant" and f"kv:{str(fmt).split('float8_')[1]}" in plan["problem"]
+
+
+def test_a_call_without_scales_never_gets_an_fp8_variant_and_fp8_codes_need_scales():
+    q, k, v = rand_qkv(2, 4, 2, 1, 33, 16, dtype=torch.bfloat16)
+    attntune.attention(q, k, v)
+    assert all("kv:" not in p["problem"] and p["variant"] != "fp8_dequant" for p in attntune.stats()["plans"])
+    p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=1, seqlen_kv=33, head_dim=16, head_dim_v=16,
+                         dtype="bfloat16")
+    assert "fp8_dequant" not in [v.name for v in registry.candidates(p)]
+    _, k8, v8, ks, vs = _case(2, 4, 2, 1, 33, 16)
+    with pytest.raises(ValueError, match="k_scale and v_scale"):
+        attntune.attention(q, k8, v8)
+
+
+def test_only_variants_that_declare_the_format_serve_fp8_problems():
+    p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=1, seqlen_kv=33, head_dim=16, head_dim_v=16,
+                         dtype="bfloat16", kv_dtype="float8_e4m3fn")
+    assert "float8_e4m3fn" in registry.get("triton_decode").kv_dtypes
+    for name in ("eager", "sdpa_default", "triton_flash"):
+        if registry.exists(name):
+            assert any("K/V in float8_e4m3fn" in r for r in registry.reasons(registry.get(name), p)), name
+    assert not registry.reasons(registry.get("fp8_dequant"), p)
+    plan = attntune.plan(p)
+    assert plan.variant in ("fp8_dequant", "triton_decode")
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(k_scale=torch.ones(2, dtype=torch.float64)), "k_scale: expected float32"),
+    (dict(v_scale=torch.ones(3)), r"v_scale: expected one scale or a contiguous \[Hkv=2\]"),
+    (dict(k_scale=[1.0, 2.0]), "k_scale: expected a float32 tensor"),
+    (dict(q_dtype=torch.float32), "q: an FP8 K/V cache needs q in"),
+    (dict(v_fmt=E5M2), "k/v: with k_scale/v_scale, k and v must be one FP8 format"),
+    (dict(plain_kv=True), "k/v: with k_scale/v_scale, k and v must be one FP8 format"),
+    (dict(grad=True), "k_scale/v_scale: an FP8 K/V cache is for inference"),
+])
+def test_bad_fp8_arguments_name_the_argument(bad, match):
+    q, k8, v8, ks, vs = _case(2, 4, 2, 1, 19, 16)
+    if "q_dtype" in bad:
+        q = q.to(bad["q_dtype"])
+    if "v_fmt" in bad:
+        v8 = v8.float().to(bad["v_fmt"])
+    if "plain_kv" in bad:
+        k8, v8 = k8.to(q.dtype), v8.to(q.dtype)
+    if bad.get("grad"):
+        q = q.detach().requires_grad_(True)
+    kw = {"k_scale": bad.get("k_scale", ks), "v_scale": bad.get("v_scale", vs)}
+    with pytest.raises(ValueError, match=match):
+        attntune.attention(q, k8, v8, **kw)
+
+
+def test_kv_dtype_keys_are_new_and_every_existing_key_keeps_its_id():
+    rows = 0
+    from attntune.cache.store import CacheStore
+
+    store = CacheStore(ROOT / "cache.db", readonly=True) if (ROOT / "cache.db").exists() else None
+    if store is not None:
+        for raw in store.raw_winners():
+            assert TuneKey.model_validate_json(raw["key_json"]).key_id == raw["key_id"]
+            rows += 1
+    p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=1, seqlen_kv=33, head_dim=16, head_dim_v=16,
+                         dtype="bfloat16")
+    from attntune.device import device_fingerprint
+
+    fp = device_fingerprint("cpu")
+    plain = TuneKey.from_problem(p, fp)
+    f8 = TuneKey.from_problem(p.model_copy(update={"kv_dtype": "float8_e4m3fn"}), fp)
+    assert "kv_dtype" not in json.loads(plain.model_dump_json(exclude={"kv_dtype"}))
+    assert f8.key_id != plain.key_id and f8.family() != plain.family() and "kv:e4m3fn" in f8.short()
+    assert f8.representative().kv_dtype == "float8_e4m3fn"
+    with pytest.raises(ValueError, match="kv_dtype"):
+        p.model_copy(update={"dtype": "float32"}).model_validate(
+            {**p.model_dump(), "dtype": "float32", "kv_dtype": "float8_e4m3fn"})
+    with pytest.raises(ValueError, match="kv_dtype: an FP8 K/V cache is for inference"):
+        AttentionProblem.model_validate({**p.model_dump(), "kv_dtype": "float8_e5m2", "mode": "fwd_bwd"})
+
+
+class _Broken(Variant):
+    name = "t_fp8_broken"
+    family = "test"
+    kv_dtypes = ("float8_e4m3fn",)
+
+    def supports(self, problem):
+        return []
+
+    def run(self, q, k, v, problem, config, kv_lens=None, k_scale=None, v_scale=None):
+        raise RuntimeError("kernel exploded")
+
+
+def test_a_failing_fp8_variant_is_quarantined_and_the_call_widens_instead(monkeypatch):
+    registry.register(_Broken())
+    try:
+        monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:t_fp8_broken")
+        attntune.reset()
+        q, k8, v8, ks, vs = _case(2, 4, 2, 1, 21, 16)
+        with pytest.warns(RuntimeWarning, match="quarantined"):
+            out = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs)
+        assert_close(out, _ref(q, k8, v8, ks, vs), "bfloat16")
+        out2 = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs)  # the slot now holds the fallback
+        assert torch.equal(out, out2)
+    finally:
+        registry.unregister("t_fp8_broken")
+
+
+def test_triton_decode_serves_fp8_through_attention_under_the_interpreter(monkeypatch):
+    """The runtime's FP8 path down to the kernel (fp16 q: the interpreter's bf16 dot is unreliable)."""
+    if torch.cuda.is_available():
+        pytest.skip("the GPU suite covers triton_decode with FP8 at serving shapes")
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:triton_decode")
+    attntune.reset()
+    q, k8, v8, ks, vs = _case(2, 4, 2, 2, 45, 16, dtype=torch.float16)
+    lens = torch.tensor([45, 20], dtype=torch.int32)
+    out = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs, causal=True, kv_lens=lens)
+    [plan] = [p for p in attntune.stats()["plans"] if "kv:" in p["problem"]]
+    assert plan["variant"] == "triton_decode"
+    assert_close(out, _ref(q, k8, v8, ks, vs, lens, causal=True), "float16")
+
+
+def test_the_tuner_refuses_fp8_keys_with_a_reason(tmp_path):
+    from attntune.autotune.runner import tune
+
+    p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=1, seqlen_kv=33, head_dim=16, head_dim_v=16,
+                         dtype="bfloat16", kv_dtype="float8_e4m3fn")
+    assert tune([p], cache=str(tmp_path / "c.db")) == []
