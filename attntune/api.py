@@ -13,6 +13,7 @@ Environment switches are documented in :mod:`attntune.policies.config` and ``doc
 
 from attntune.policies.dispatch import (attention, disable, dispatch, enable, explain, is_enabled,
                                         scaled_dot_product_attention)
+from attntune.policies import fp8 as _fp8  # noqa: F401 — installs attention()'s FP8 K/V path
 from attntune.policies import runtime as _runtime
 from attntune.policies.plan import Plan
 from attntune.policies.runtime import plan, reset

@@ -94,10 +94,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     """
     if window is not None:
         window = validate_window(window)
-    if k_scale is not None or v_scale is not None:
-        from attntune.policies.fp8 import attention_fp8  # FP8 K/V: off the common path
-
-        return attention_fp8(q, k, v, k_scale, v_scale, causal, window, scale, kv_lens, approx, attention)
+    if k_scale is not None or v_scale is not None:  # FP8 K/V: off the common path (attntune.policies.fp8)
+        return _runtime.FP8_ATTENTION(q, k, v, k_scale, v_scale, causal, window, scale, kv_lens, approx)
     if _is_compiling():
         return _compiled(q, k, v, kv_lens, causal, False, window, scale, approx)
     try:

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from attntune.fp8 import check_scales
 from attntune.policies import runtime as _runtime
+from attntune.policies.dispatch import _check_scalars, _store, attention, check_kv_lens
 from attntune.policies.policy import fallback_plan
 from attntune.policies.runtime import SLOTS, Slot
 from attntune.problem import problem_from_tensors, validate_qkv
@@ -36,11 +37,11 @@ def _widen(t: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, causal, window, scale,
-                  kv_lens: Optional[Tensor], approx, entry) -> Tensor:
-    """:func:`attntune.attention` with FP8 ``k``/``v`` (module docstring); ``entry`` is that function,
-    for the widened call under ``torch.compile``. ``window`` is already validated."""
+                  kv_lens: Optional[Tensor], approx) -> Tensor:
+    """:func:`attntune.attention` with FP8 ``k``/``v`` (module docstring). ``window`` is already
+    validated."""
     if torch.compiler.is_compiling():
-        return entry(q, _widen(k, k_scale, q.dtype), _widen(v, v_scale, q.dtype), causal=causal, window=window,
+        return attention(q, _widen(k, k_scale, q.dtype), _widen(v, v_scale, q.dtype), causal=causal, window=window,
                      scale=scale, kv_lens=kv_lens, approx=approx)
     try:
         sig = (_FP8, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
@@ -55,8 +56,6 @@ def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Ten
     if slot is None:
         slot = _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx)
     if kv_lens is not None and _runtime.CHECK:
-        from attntune.policies.dispatch import check_kv_lens
-
         check_kv_lens(kv_lens, k.shape[2])
     slot.calls += 1
     try:
@@ -66,8 +65,6 @@ def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Ten
 
 
 def _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale) -> None:
-    from attntune.policies.dispatch import _check_scalars
-
     validate_qkv(q, k, v, kv_lens, fp8=True)
     check_scales(k, k_scale, v_scale)
     _check_scalars(causal, scale)
@@ -76,8 +73,6 @@ def _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale) -> None:
 
 
 def _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx) -> Slot:
-    from attntune.policies.dispatch import _store
-
     _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale)
     rt = _runtime.get()
     problem = problem_from_tensors(q, k, v, causal=bool(causal), window=window, kv_lens=kv_lens, mode="fwd",
@@ -115,5 +110,7 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, k_scale, v_scal
     except Exception as e2:
         raise e2 from error
 
+
+_runtime.FP8_ATTENTION = attention_fp8
 
 __all__: Tuple[str, ...] = ("attention_fp8",)

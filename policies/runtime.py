@@ -88,6 +88,16 @@ MISS_FLUSH_SECONDS = 5.0
 #: the online policy's tuner, ``tune_one(problem, store, trials=, time_limit=) -> WinnerRecord | None``;
 #: set by the layer above (:mod:`attntune.api`) so that the policies never import the tuner themselves
 ONLINE_TUNER: Optional[Callable] = None
+
+
+def _fp8_unloaded(*args, **kwargs):
+    raise RuntimeError("FP8 K/V calls need attntune.policies.fp8 (imported by attntune.api, hence by attntune)")
+
+
+#: ``attention()``'s path for FP8 K/V calls (``k_scale``/``v_scale``): set by :mod:`attntune.policies.fp8`
+#: when imported (dispatch cannot import it: it imports dispatch)
+FP8_ATTENTION = _fp8_unloaded
+
 #: ``ATTNTUNE_CHECK`` of the current runtime (a module global: the hot path reads it without a call)
 CHECK = False
 #: calls with no slot: drop-in calls with a mask or dropout, handed to torch before any look-up
