@@ -184,3 +184,30 @@ def test_the_tuner_refuses_fp8_keys_with_a_reason(tmp_path):
     p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=1, seqlen_kv=33, head_dim=16, head_dim_v=16,
                          dtype="bfloat16", kv_dtype="float8_e4m3fn")
     assert tune([p], cache=str(tmp_path / "c.db")) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("per", ["head", "tensor"])
+def test_gpu_fp8_kv_through_attention_picks_triton_decode_and_captures_in_a_cuda_graph(per):
+    torch.manual_seed(0)
+    b, hq, hkv, s, d = 4, 32, 8, 3001, 128
+    k = torch.randn(b, hkv, s, d, device="cuda")
+    v = torch.randn(b, hkv, s, d, device="cuda")
+    k8, v8, ks, vs = fp8.quantize_kv(k, v, per=per)
+    q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([s, 1, 1700, 2999], device="cuda", dtype=torch.int32)
+    out = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs, kv_lens=lens, causal=True)
+    [plan] = [p for p in attntune.stats()["plans"] if "kv:" in p["problem"]]
+    assert plan["variant"] == "triton_decode", plan
+    ref = _ref(q.cpu(), k8.cpu(), v8.cpu(), ks.cpu(), vs.cpu(), lens.cpu(), causal=True)
+    assert_close(out.cpu(), ref, "bfloat16")
+    # the FP8 path is CUDA-graph safe after a warm-up call of the same signature
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cap = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs, kv_lens=lens, causal=True)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    torch.cuda.synchronize()
+    ref2 = _ref(q.cpu(), k8.cpu(), v8.cpu(), ks.cpu(), vs.cpu(), lens.cpu(), causal=True)
+    assert_close(cap.cpu(), ref2, "bfloat16")
