@@ -77,6 +77,25 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, per: str = "head",
     return quantize(k, ks, dtype), quantize(v, vs, dtype), ks, vs
 
 
+def device_kv_reasons(kv_dtype: str, device_type: str) -> list:
+    """Why a kernel cannot read ``kv_dtype`` codes on this machine's GPU (empty = it can): Triton converts
+    e4m3fn/e5m2 on NVIDIA sm_89 and newer (Ada, Hopper, Blackwell) and e4m3fnuz on AMD gfx94x (MI300;
+    a code path, untested without an AMD GPU). Not a GPU (the Triton interpreter on a CPU): no reason."""
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return []
+    if torch.version.hip:
+        arch = str(getattr(torch.cuda.get_device_properties(0), "gcnArchName", ""))
+        if kv_dtype == "float8_e4m3fnuz" and arch.startswith("gfx94"):
+            return []
+        return [f"{kv_dtype} codes on ROCm {arch or 'this GPU'}: only float8_e4m3fnuz on gfx94x"]
+    major, minor = torch.cuda.get_device_capability()
+    if kv_dtype == "float8_e4m3fnuz":
+        return ["float8_e4m3fnuz is ROCm's format (NVIDIA GPUs read e4m3fn and e5m2)"]
+    if (major, minor) < (8, 9):
+        return [f"{kv_dtype} codes need sm_89 or newer (this GPU is sm_{major}{minor})"]
+    return []
+
+
 def check_scales(k: torch.Tensor, k_scale, v_scale) -> None:
     """``ValueError`` naming ``k_scale`` or ``v_scale`` unless each is a float32 tensor on ``k``'s device
     with one element (per tensor) or a contiguous ``[Hkv]`` (per kv head)."""
@@ -94,4 +113,4 @@ def check_scales(k: torch.Tensor, k_scale, v_scale) -> None:
                              f"{tuple(sc.shape)}")
 
 
-__all__ = ["FORMATS", "scales", "quantize", "dequantize", "quantize_kv", "check_scales"]
+__all__ = ["FORMATS", "scales", "quantize", "dequantize", "quantize_kv", "check_scales", "device_kv_reasons"]

@@ -20,6 +20,12 @@ Checks, in order:
   backward tolerances;
 * approximate variants (``variant.exact`` False) are not held to the tolerance: their relative error
   ``||out - ref|| / ||ref||`` is recorded instead (NaN/inf still fail).
+
+An FP8 K/V key (``kv_dtype``): K and V are drawn in float32, quantised per kv head
+(:func:`attntune.fp8.quantize_kv`, padding included) and the variants get the codes and the scales. The
+tolerance check compares with the reference on the *dequantised* cache (what the codes mean exactly);
+the recorded relative error is against the reference on the float32 cache — the error FP8 costs, stored
+with the winner.
 """
 
 from __future__ import annotations
@@ -69,6 +75,10 @@ class GateInputs:
     #: by the draw (one draw of B=4, KV 2048 ranked a 64-split config first that re-timed 1.36x slower
     #: on another draw: ``regret_h200.json``, session 8)
     timing_kv_lens: Optional[torch.Tensor] = None
+    #: FP8 keys: ``(k_scale, v_scale)`` float32 ``[Hkv]``, passed after ``kv_lens`` to every call; () else
+    scales: Tuple[torch.Tensor, ...] = ()
+    #: FP8 keys: the reference output on the float32 K/V before quantisation (``ref_dtype``)
+    float_ref_out: Optional[torch.Tensor] = None
 
     @property
     def device(self) -> torch.device:
@@ -131,8 +141,9 @@ def prepare(problem: AttentionProblem, device: torch.device, seed: int) -> GateI
 
     b, hq, hkv = problem.batch, problem.heads_q, problem.heads_kv
     q = randn(b, hq, problem.seqlen_q, problem.head_dim)
-    k = randn(b, hkv, problem.seqlen_kv, problem.head_dim)
-    v = randn(b, hkv, problem.seqlen_kv, problem.head_dim_v)
+    kv_dt = torch.float32 if problem.kv_dtype is not None else dt  # FP8: quantised below
+    k = torch.randn(b, hkv, problem.seqlen_kv, problem.head_dim, generator=g, device=device, dtype=kv_dt)
+    v = torch.randn(b, hkv, problem.seqlen_kv, problem.head_dim_v, generator=g, device=device, dtype=kv_dt)
     kv_lens = None
     if problem.kv_lens:
         kv_lens = _kv_lens(problem, g, device)
@@ -144,10 +155,22 @@ def prepare(problem: AttentionProblem, device: torch.device, seed: int) -> GateI
         ref_dtype = torch.float64
     else:
         ref_dtype = torch.float32
-    ref_out, ref_grads = chunked_reference(q, k, v, problem, kv_lens, ref_dtype, dout)
+    scales, float_ref = (), None
+    if problem.kv_dtype is not None:
+        from attntune.fp8 import dequantize, quantize_kv
+        from attntune.problem import KV_DTYPES
+
+        float_ref, _ = chunked_reference(q, k, v, problem, kv_lens, ref_dtype)
+        k, v, ks, vs = quantize_kv(k, v, per="head", dtype=KV_DTYPES[problem.kv_dtype])
+        scales = (ks, vs)
+        ref_out, ref_grads = chunked_reference(q, dequantize(k, ks), dequantize(v, vs), problem, kv_lens,
+                                               ref_dtype, dout)
+    else:
+        ref_out, ref_grads = chunked_reference(q, k, v, problem, kv_lens, ref_dtype, dout)
     tf32 = problem.dtype == "float32" and tf32_allowed()
     timed = timing_kv_lens(problem, device) if problem.kv_lens else None
-    return GateInputs(problem, q, k, v, kv_lens, dout, ref_dtype, ref_out, ref_grads, tf32, timed)
+    return GateInputs(problem, q, k, v, kv_lens, dout, ref_dtype, ref_out, ref_grads, tf32, timed, scales,
+                      float_ref)
 
 
 @contextmanager
@@ -248,9 +271,9 @@ def run_variant(variant: Variant, config: Config, inp: GateInputs, q, k, v) -> t
         out = torch.full(
             (p.batch, p.heads_q, p.seqlen_q, p.head_dim_v), float("nan"), device=q.device, dtype=q.dtype
         )
-        return variant.run(q, k, v, p, config, kv_lens, out=out)
+        return variant.run(q, k, v, p, config, kv_lens, *inp.scales, out=out)
     _poison_allocator(p.batch * p.heads_q * p.seqlen_q * p.head_dim_v * q.element_size(), q.device)
-    return variant.run(q, k, v, p, config, kv_lens)
+    return variant.run(q, k, v, p, config, kv_lens, *inp.scales)
 
 
 def _compare(
@@ -324,6 +347,11 @@ def check(variant: Variant, config: Config, inp: GateInputs) -> GateResult:
         return GateResult("ok", f"approximate: relative error {rel:.3g}", max_err, rel)
     if problems:
         return GateResult("wrong", "wrong result: " + "; ".join(problems), max_err, rel, problems)
+    if inp.float_ref_out is not None:  # FP8 K/V: what the quantisation costs, against the float32 cache
+        f_norm = float(inp.float_ref_out.norm())
+        rel = float((out.to(inp.ref_dtype) - inp.float_ref_out).norm()) / f_norm if f_norm > 0 else 0.0
+        return GateResult("ok", f"{p.kv_dtype} K/V: relative error {rel:.3g} against the float32 cache",
+                          max_err, rel)
     return GateResult("ok", None, max_err, rel)
 
 

@@ -30,6 +30,7 @@ def _p(
     window=None,
     kv_lens: bool = False,
     mode: str = "fwd",
+    kv_dtype=None,
 ) -> AttentionProblem:
     """A template (placeholder dtype/device; see module docstring), in canonical form (the runtime keys
     calls by their canonical problem: causal + window ``(W, 0)`` is the window ``(W, 0)``)."""
@@ -41,12 +42,13 @@ def _p(
         seqlen_kv=skv,
         head_dim=d,
         head_dim_v=d,
-        dtype="float32",
+        dtype="float32" if kv_dtype is None else "bfloat16",  # an FP8 K/V cache takes a 16-bit q
         device_type="cpu",
         causal=causal,
         window=window,
         kv_lens=kv_lens,
         mode=mode,
+        kv_dtype=kv_dtype,
     ).canonical()
 
 
@@ -171,6 +173,20 @@ def _training() -> List[AttentionProblem]:
     ]
 
 
+def _fp8() -> List[AttentionProblem]:
+    """FP8 (e4m3) KV-cache decode: the serving shapes of ``_decode`` whose K+V reach the sizes where the
+    bytes set the pace, plus one small batch (launch-bound)."""
+    f8 = "float8_e4m3fn"
+    return [
+        _p(1, 32, 8, 1, 8192, 128, kv_lens=True, kv_dtype=f8),
+        _p(8, 32, 8, 1, 8192, 128, kv_lens=True, kv_dtype=f8),
+        _p(32, 32, 8, 1, 8192, 128, kv_lens=True, kv_dtype=f8),
+        _p(16, 32, 8, 1, 32768, 128, kv_lens=True, kv_dtype=f8),
+        _p(64, 32, 8, 1, 4096, 64, kv_lens=True, kv_dtype=f8),
+        _p(8, 32, 8, 1, 16384, 128, kv_lens=True, window=(4096, -1), kv_dtype=f8),
+    ]
+
+
 def _seed() -> List[AttentionProblem]:
     # The baseline shapes (baselines/h200-*.md): seq2048·b16, seq4096·b8, seq8192·b4 at H16 D64.
     out = []
@@ -199,6 +215,7 @@ SUITES: Dict[str, Suite] = {
         ),
         Suite("long", "long context: S 16k-32k, causal, GQA, windows, chunked prefill", _long),
         Suite("training", "forward+backward prefill shapes (mode fwd_bwd)", _training),
+        Suite("fp8", "FP8 (e4m3) KV-cache decode, B1-64, KV 4k-32k, kv_lens; q bf16/fp16 (GPU)", _fp8),
         Suite(
             "seed", "baseline shapes seq2048·b16, seq4096·b8, seq8192·b4 (H16 D64), fwd and fwd_bwd", _seed
         ),
@@ -231,7 +248,9 @@ def materialize(
     seen = set()
     for t in templates:
         fields = t.model_dump()
-        fields.update(dtype=dt, device_type=device_type)
+        # an FP8 K/V template needs a 16-bit q: float32 (the CPU's default) becomes bfloat16 there
+        fields.update(dtype="bfloat16" if t.kv_dtype is not None and dt == "float32" and dtype is None else dt,
+                      device_type=device_type)
         if mode is not None:
             fields["mode"] = mode
         p = AttentionProblem(**fields)

@@ -227,11 +227,6 @@ class KeyTuner:
         """Tune the key; returns its result (upserting the winner and the trial summaries when done).
         Raises KeyboardInterrupt (after marking the running trial failed) and FatalDeviceError."""
         t0 = time.time()
-        if self.problem.kv_dtype is not None:
-            # the gate and the timed calls have no FP8 inputs (codes and scales) yet: such a key is served
-            # by the heuristic rules (triton_decode reads the codes) until they do
-            return KeyResult(key=self.key, status="no-winner",
-                             reason=f"FP8 K/V ({self.problem.kv_dtype}) keys are not tuned yet")
         space = SearchSpace(self.problem)
         if not space.candidates:
             reasons = "; ".join(

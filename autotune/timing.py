@@ -83,9 +83,11 @@ def make_call(variant: Variant, config: Config, inp, grads: bool) -> tuple[Calla
     if not grads:
         run = variant.bind(p, config)  # what the runtime keeps per call signature and calls
 
+        scales = getattr(inp, "scales", ())  # FP8 K/V keys: (k_scale, v_scale)
+
         def fwd() -> None:
             with torch.no_grad():
-                run(q, k, v, p, config, kv_lens)
+                run(q, k, v, p, config, kv_lens, *scales)
 
         return fwd, []
     dout = inp.dout

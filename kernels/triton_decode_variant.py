@@ -71,6 +71,10 @@ class TritonDecodeVariant(Variant):
 
     def supports(self, problem: AttentionProblem) -> List[str]:
         reasons = device_reasons(problem)
+        if problem.kv_dtype is not None:
+            from attntune.fp8 import device_kv_reasons
+
+            reasons.extend(device_kv_reasons(problem.kv_dtype, problem.device_type))
         if problem.seqlen_q > MAX_SEQLEN_Q:
             reasons.append(f"seqlen_q {problem.seqlen_q} > {MAX_SEQLEN_Q} (a decode kernel; use prefill)")
         if problem.mode == "fwd_bwd":

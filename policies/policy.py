@@ -144,6 +144,10 @@ def _make(name: str, config: Optional[dict], source: str, problem: AttentionProb
     if rec is not None:
         runner_up, runner_up_ms = rec.runner_up, rec.runner_up_ms
         reasons = list(reasons) + [_timing_note(rec.key)]
+        if rec.rel_error is not None and (rec.key.kv_dtype is not None or rec.key.approx):
+            what = f"{rec.key.kv_dtype} K/V" if rec.key.kv_dtype is not None else "approximation"
+            reasons.append(f"{what}: relative error {rec.rel_error:.2e} against the exact float result, "
+                           "measured by the gate on the tuning inputs")
     return Plan(variant=name, config=cfg, source=source, problem=problem, key=key,
                 expected_ms=rec.median_ms if rec is not None else None,
                 expected_spread=rec.spread if rec is not None else None, runner_up=runner_up,
@@ -247,9 +251,6 @@ def _online(problem: AttentionProblem, key: TuneKey, index: CacheIndex, cfg: Run
     store = index.user
     if store is None:
         notes.append("online tuning skipped: no writable user cache")
-        return None
-    if problem.kv_dtype is not None:
-        notes.append("online tuning skipped: the tuner has no FP8 K/V inputs yet")
         return None
     LOG.info("online: tuning %s (%d trials, %.0f s)", key.short(), cfg.online_trials, cfg.online_seconds)
     try:

@@ -178,12 +178,71 @@ def test_triton_decode_serves_fp8_through_attention_under_the_interpreter(monkey
     assert_close(out, _ref(q, k8, v8, ks, vs, lens, causal=True), "float16")
 
 
-def test_the_tuner_refuses_fp8_keys_with_a_reason(tmp_path):
-    from attntune.autotune.runner import tune
+def _fp8_problem(**kw):
+    f = dict(batch=2, heads_q=4, heads_kv=2, seqlen_q=1, seqlen_kv=48, head_dim=16, head_dim_v=16,
+             dtype="float16", kv_lens=True, kv_dtype="float8_e4m3fn")
+    f.update(kw)
+    return AttentionProblem(**f)
 
-    p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=1, seqlen_kv=33, head_dim=16, head_dim_v=16,
-                         dtype="bfloat16", kv_dtype="float8_e4m3fn")
-    assert tune([p], cache=str(tmp_path / "c.db")) == []
+
+class _NoVScale(Variant):
+    """Reads the codes right but forgets V's scale: the gate must catch it."""
+
+    name = "t_fp8_no_vscale"
+    family = "test"
+    kv_dtypes = ("float8_e4m3fn",)
+
+    def supports(self, problem):
+        return []
+
+    def run(self, q, k, v, problem, config, kv_lens=None, k_scale=None, v_scale=None):
+        kd = fp8.dequantize(k, k_scale).to(q.dtype)
+        vd = v.float().to(q.dtype)
+        return reference_attention(q, kd, vd, problem.model_copy(update={"kv_dtype": None}), kv_lens).to(q.dtype)
+
+
+def test_the_gate_quantises_fp8_keys_and_stores_the_error_against_the_float_cache():
+    from attntune.autotune import gate
+
+    p = _fp8_problem()
+    inp = gate.prepare(p, torch.device("cpu"), seed=3)
+    assert inp.k.dtype == torch.float8_e4m3fn and inp.v.dtype == torch.float8_e4m3fn
+    assert [s.shape for s in inp.scales] == [(2,), (2,)] and inp.float_ref_out is not None
+    assert not torch.equal(inp.float_ref_out, inp.ref_out)  # quantisation moved the reference
+    res = gate.check(registry.get("fp8_dequant"), {}, inp)
+    assert res.ok and "against the float32 cache" in res.reason
+    assert 1e-3 < res.rel_error < 0.2  # e4m3 keeps ~3 bits of mantissa: about 1e-2 on random data
+    registry.register(_NoVScale())
+    try:
+        bad = gate.check(registry.get("t_fp8_no_vscale"), {}, inp)
+        assert bad.status == "wrong"
+    finally:
+        registry.unregister("t_fp8_no_vscale")
+
+
+def test_the_tuner_tunes_an_fp8_key_and_the_winner_keeps_its_error(tmp_path, monkeypatch):
+    from attntune.autotune.runner import tune
+    from attntune.autotune.timing import TimingOptions
+
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "fp8_dequant,triton_decode,sdpa_default,eager")
+    p = _fp8_problem()
+    [rec] = tune([p], cache=str(tmp_path / "c.db"), trials=2, timing=TimingOptions.quick())
+    assert rec.key.kv_dtype == "float8_e4m3fn" and rec.variant in ("fp8_dequant", "triton_decode")
+    assert rec.rel_error is not None and 1e-3 < rec.rel_error < 0.2
+    assert rec.sdpa_default_ms is None  # SDPA cannot read FP8 K/V: there is no baseline to beat
+    monkeypatch.setenv("ATTNTUNE_CACHE", str(tmp_path / "c.db"))
+    attntune.reset()
+    plan = attntune.plan(p)
+    assert plan.source == "tuned" and any("relative error" in r for r in plan.reasons)
+
+
+def test_the_fp8_suite_materialises_with_a_16_bit_q():
+    from attntune.autotune.suites import SUITES, materialize
+
+    probs = materialize(SUITES["fp8"].templates(), "cuda")
+    assert probs and all(x.kv_dtype == "float8_e4m3fn" and x.dtype == "bfloat16" for x in probs)
+    assert all(x.kv_dtype == "float8_e4m3fn" and x.dtype == "bfloat16"
+               for x in materialize(SUITES["fp8"].templates(), "cpu"))
 
 
 @pytest.mark.gpu
@@ -211,3 +270,34 @@ def test_gpu_fp8_kv_through_attention_picks_triton_decode_and_captures_in_a_cuda
     torch.cuda.synchronize()
     ref2 = _ref(q.cpu(), k8.cpu(), v8.cpu(), ks.cpu(), vs.cpu(), lens.cpu(), causal=True)
     assert_close(cap.cpu(), ref2, "bfloat16")
+
+
+def test_doctor_reports_which_variants_read_fp8_here():
+    from typer.testing import CliRunner
+
+    from attntune.cli import app
+
+    res = CliRunner().invoke(app, ["doctor", "--json"])
+    rep = json.loads(res.output)
+    by = {v["variant"]: v["fp8 decode"] for v in rep["variants"]}
+    assert by["fp8_dequant"] == [] and any("K/V in float8" in r for r in by["eager"])
+
+
+@pytest.mark.parametrize("cap,hip,fmt,ok", [((9, 0), None, "float8_e4m3fn", True), ((8, 9), None, "float8_e5m2", True),
+                                            ((8, 0), None, "float8_e4m3fn", False),
+                                            ((9, 0), None, "float8_e4m3fnuz", False),
+                                            (None, "gfx942:sramecc+:xnack-", "float8_e4m3fnuz", True),
+                                            (None, "gfx90a", "float8_e4m3fnuz", False),
+                                            (None, "gfx942", "float8_e4m3fn", False)])
+def test_device_kv_reasons_by_architecture(monkeypatch, cap, hip, fmt, ok):
+    import types
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", "6.2" if hip else None)
+    if hip:
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(gcnArchName=hip))
+    else:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
+    assert (fp8.device_kv_reasons(fmt, "cuda") == []) is ok
+    assert fp8.device_kv_reasons(fmt, "cpu") == []  # the interpreter reads every format
+

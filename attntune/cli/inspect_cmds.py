@@ -81,7 +81,10 @@ def _show_cells(r) -> List[str]:
     if rec is None:
         return [r.key_id, "-", "-", "-", "-", "-", "-", "-", f"{r.status}: {'; '.join(r.reasons)}", r.origin]
     sp = rec.speedup
-    return [rec.key.short(), rec.key.device.arch, rec.variant, fmt_config(rec.config),
+    # an FP8 or approximate row's error against the exact float result is part of what was chosen
+    lossy = rec.rel_error is not None and (rec.key.kv_dtype is not None or rec.key.approx)
+    return [rec.key.short(), rec.key.device.arch,
+            rec.variant + (f" (rel error {rec.rel_error:.1e})" if lossy else ""), fmt_config(rec.config),
             fmt_ms(rec.median_ms, rec.spread),
             f"{rec.tflops:.1f}" if rec.tflops else "-", f"{sp:.2f}x" if sp else "-", rec.runner_up or "-",
             r.status if r.status == "valid" else
@@ -260,6 +263,10 @@ def doctor(
                                    head_dim_v=128, dtype=dtype, device_type=dev.type, kv_lens=True),
         "window": AttentionProblem(batch=1, heads_q=8, heads_kv=8, seqlen_q=4096, seqlen_kv=4096, head_dim=64,
                                    head_dim_v=64, dtype=dtype, device_type=dev.type, causal=True, window=(512, 0)),
+        # FP8 KV-cache decode: which variants read the codes here (ROCm's format on ROCm)
+        "fp8 decode": AttentionProblem(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_kv=4096, head_dim=128,
+                                       head_dim_v=128, dtype="bfloat16", device_type=dev.type, kv_lens=True,
+                                       kv_dtype="float8_e4m3fnuz" if torch.version.hip else "float8_e4m3fn"),
     }
     variants = []
     for v in registry.all_variants():
