@@ -43,6 +43,9 @@ CASES = [  # (B, KV len, Hq, Hkv)
 ]
 QUICK = [(1, 8192, 32, 8), (32, 8192, 32, 8)]
 GRID = dict(num_splits=(0, 1, 2, 4, 8, 16, 32), BLOCK_N=(64, 128), num_warps=(4, 8))
+# --wide: bytes in flight (an FP8 tile carries half a bf16 tile's bytes): larger tiles and deeper
+# pipelines at the automatic split count, swept for FP8 and bf16 alike
+WIDE = dict(num_splits=(0,), BLOCK_N=(128, 256), num_warps=(4, 8), num_stages=(0, 2, 4))
 D = 128
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
 
@@ -62,7 +65,7 @@ def rel_err(out, exact) -> float:
     return ((out.float() - exact).norm() / exact.norm()).item()
 
 
-def bench_case(b, s, hq, hkv, sweep: bool):
+def bench_case(b, s, hq, hkv, sweep: bool, grid=None):
     gen = torch.Generator(device="cuda").manual_seed(b * 1000 + s)
     bf16_bytes = 2 * b * hkv * s * D * 2
     n = max(1, min(32, math.ceil(4 * l2_bytes() / (bf16_bytes // 2))))  # FP8 copies >= 4x L2
@@ -83,6 +86,9 @@ def bench_case(b, s, hq, hkv, sweep: bool):
         return [lambda c=c: decode_attention(q, c[0], c[1], kv_lens=lens, k_scale=c[2], v_scale=c[3],
                                              config=cfg) for c in cs]
 
+    def bf16_calls(cfg=None):
+        return [lambda k=k, v=v: decode_attention(q, k, v, kv_lens=lens, config=cfg) for k, v in copies]
+
     impls = {"fp8_decode": fp8_calls(),
              "bf16_decode": [lambda k=k, v=v: decode_attention(q, k, v, kv_lens=lens) for k, v in copies]}
     for name in [None, *SDPA_BACKENDS]:
@@ -100,20 +106,28 @@ def bench_case(b, s, hq, hkv, sweep: bool):
         rec["graph_us"][name] = time_graph(f)
         rec["eager_us"][name] = time_eager(f)
     if sweep:
-        best = (math.inf, None)
-        for vals in itertools.product(*GRID.values()):
-            cfg = dict(zip(GRID, vals))
-            try:
-                f = rotating(fp8_calls(cfg))
-                f()
-                t = time_graph(f, rep=10)
-            except Exception:  # noqa: BLE001 — out of resources at this shape
-                continue
-            if t < best[0]:
-                best = (t, cfg)
-        if best[1] is not None:
-            rec["fp8_best_config"] = best[1]
-            rec["graph_us"]["fp8_decode_best"] = time_graph(rotating(fp8_calls(best[1])))
+        grid = grid or GRID
+        for label, make in (("fp8_decode", fp8_calls), ("bf16_decode", bf16_calls)):
+            if label == "bf16_decode" and grid is GRID:
+                continue  # the plain sweep is FP8's only (as before)
+            best, timed = (math.inf, None), []
+            for vals in itertools.product(*grid.values()):
+                cfg = dict(zip(grid, vals))
+                try:
+                    f = rotating(make(cfg))
+                    f()
+                    t = time_graph(f, rep=10)
+                except Exception:  # noqa: BLE001 — out of resources at this shape
+                    continue
+                timed.append((t, cfg))
+                if t < best[0]:
+                    best = (t, cfg)
+            if best[1] is not None:
+                rec[f"{label}_best_config"] = best[1]
+                rec[f"{label}_sweep_us"] = [[round(t, 2), c] for t, c in sorted(timed, key=lambda x: x[0])]
+                rec["graph_us"][f"{label}_best"] = time_graph(rotating(make(best[1])))
+        if "fp8_decode_best_config" in rec:
+            rec["fp8_best_config"] = rec["fp8_decode_best_config"]
     # error against float32 on the float cache of copy 0
     k, v = copies[0]
     k8, v8, ks, vs = copies8[0]
@@ -145,6 +159,7 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/fp8_h200.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--wide", action="store_true", help="sweep WIDE (tiles x stages) for FP8 and bf16, not GRID")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_fp8 needs a CUDA GPU")
@@ -152,7 +167,7 @@ def main():
     doc = {"benchmark": "fp8", "environment": environment(), "args": vars(args), "cases": []}
     for b, s, hq, hkv in (QUICK if args.quick else CASES):
         try:
-            r = bench_case(b, s, hq, hkv, sweep=not args.no_sweep)
+            r = bench_case(b, s, hq, hkv, sweep=not args.no_sweep, grid=WIDE if args.wide else None)
         except Exception as e:  # noqa: BLE001
             r = {"B": b, "kv_len": s, "Hq": hq, "Hkv": hkv, "error": f"{type(e).__name__}: {e}"}
         torch.cuda.empty_cache()  # the case's cache copies are gone with its frame
