@@ -32,7 +32,9 @@ bias, ``output_attentions``. Reading whether a 2-D padding mask is all ones need
 that is one read per forward (HF's own SDPA path does the same); under tracing (``torch.compile``) the
 mask is kept unless no padding mask was given at all.
 
-GQA needs nothing: key/value arrive with ``Hkv`` heads and attntune takes them as they are.
+GQA needs nothing: key/value arrive with ``Hkv`` heads and attntune takes them as they are. Float8 key/value
+codes from :class:`attntune.hf_fp8.FP8StaticCache` carry their scales and go to ``attntune.attention(...,
+k_scale=, v_scale=)``; HF's SDPA path and float32 models get them widened to numbers.
 Returns ``(attn_output [B, Sq, Hq, Dv], None)`` as every transformers attention function.
 """
 
@@ -96,6 +98,27 @@ def _mask_from_lens(kv_lens: torch.Tensor, sq: int, skv: int,
     return build_mask(p, kv_lens.device, kv_lens)
 
 
+def _fp8_scales(key: torch.Tensor, value: torch.Tensor):
+    """``(k_scale, v_scale)`` of FP8 cache codes (:class:`attntune.hf_fp8.FP8StaticLayer` attaches them), or
+    None for float K/V. Raise ``ValueError`` naming key/value for codes that carry no scales."""
+    if key.element_size() != 1 and value.element_size() != 1:
+        return None
+    ks, vs = getattr(key, "_attntune_scale", None), getattr(value, "_attntune_scale", None)
+    if ks is None or vs is None:
+        raise ValueError(f"key/value: {key.dtype}/{value.dtype} codes without scales; an FP8 KV cache for the "
+                         f"attntune backend is attntune.hf_fp8.FP8StaticCache")
+    return ks, vs
+
+
+def _widened(key: torch.Tensor, value: torch.Tensor, scales, dtype: torch.dtype):
+    """FP8 codes as ``dtype`` values (``code * scale``), for readers of numbers (HF's SDPA path, float32)."""
+    if scales is None:
+        return key, value
+    from attntune.fp8 import dequantize
+
+    return dequantize(key, scales[0]).to(dtype), dequantize(value, scales[1]).to(dtype)
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
                       sliding_window: Optional[int] = None, **kwargs) -> Tuple[torch.Tensor, None]:
@@ -109,6 +132,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
         _API_ATTENTION = attention
     kv_lens = _lens_of(attention_mask)
+    # FP8 cache codes (attntune.hf_fp8): their scales are read before any slicing; attntune's FP8 readers
+    # take 16-bit queries, so a float32 model gets the values
+    scales = _fp8_scales(key, value)
+    if scales is not None and query.dtype not in (torch.float16, torch.bfloat16):
+        key, value = _widened(key, value, scales, query.dtype)
+        scales = None
     unsupported = (dropout != 0.0 or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None
                    or kwargs.get("position_bias") is not None or kwargs.get("output_attentions", False)
                    or query.dim() != 4 or key.dim() != 4)
@@ -117,6 +146,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                          _window_of(module, sliding_window))
         kv_lens = None
     if (attention_mask is not None and kv_lens is None) or unsupported:
+        key, value = _widened(key, value, scales, query.dtype)
         return _hf_sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                           sliding_window=sliding_window, **kwargs)
     is_causal = kwargs.get("is_causal")
@@ -131,11 +161,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             key, value = key[:, :, :q_len], value[:, :, :q_len]
         window = _window_of(module, sliding_window)
     elif kv_lens is not None:  # our mask function only describes causal patterns
+        key, value = _widened(key, value, scales, query.dtype)
         return _hf_sdpa()(module, query, key, value,
                           _mask_from_lens(kv_lens, query.shape[2], key.shape[2], None), dropout=dropout,
                           scaling=scaling, sliding_window=sliding_window, **kwargs)
-    out = _API_ATTENTION(query, key, value, causal=bool(is_causal), window=window, scale=scaling,
-                         kv_lens=kv_lens)
+    if scales is not None:
+        out = _API_ATTENTION(query, key, value, causal=bool(is_causal), window=window, scale=scaling,
+                             kv_lens=kv_lens, k_scale=scales[0], v_scale=scales[1])
+    else:
+        out = _API_ATTENTION(query, key, value, causal=bool(is_causal), window=window, scale=scaling,
+                             kv_lens=kv_lens)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -1,0 +1,106 @@
+"""An FP8 KV cache for Hugging Face ``generate``: :class:`FP8StaticCache`.
+
+    import attntune.hf
+    from attntune.hf_fp8 import FP8StaticCache
+    attntune.hf.register()
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="attntune")
+    cache = FP8StaticCache(config=model.config, max_cache_len=prompt_len + new_tokens)
+    model.generate(ids, past_key_values=cache, ...)   # transformers >= 5.24 also takes ``cache=``
+
+transformers' :class:`~transformers.StaticCache` whose full-attention layers (:class:`FP8StaticLayer`) hold
+float8 codes — half a bf16 cache's memory, and half the bytes every decode step reads. Semantics
+(:mod:`attntune.fp8`): ``real = code * scale`` with one float32 scale per kv head (``[Hkv]``), fixed by the
+layer's first update (the prompt: amax over batch, positions and head dim, times ``margin``, default 2, for
+the tokens still to come); a later value beyond ``scale * 448`` (e4m3fn) saturates. Sliding-window layers
+stay in the model's dtype (they hold W tokens, little to save).
+
+The codes a layer returns carry their scales (a tensor attribute, ``_attntune_scale``): the attntune
+attention function (:func:`attntune.hf.attention_forward`) hands them to ``attntune.attention(...,
+k_scale=, v_scale=)`` — the decode steps read the codes in ``triton_decode`` on sm_89+ GPUs; prefill and
+the CPU widen them first (``fp8_dequant``) — and widens them itself for HF's own SDPA path (padding, custom
+masks) and for float32 models. With another attention implementation the codes would be read as numbers:
+use this cache with ``attn_implementation="attntune"`` only.
+
+Not for beam search (``reorder_cache`` of codes is untested) nor offloading.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import StaticCache, StaticLayer
+
+from attntune import fp8
+
+#: the attribute of a code tensor that holds its ``[Hkv]`` float32 scales (read by attntune.hf)
+SCALE_ATTR = "_attntune_scale"
+
+
+class FP8StaticLayer(StaticLayer):
+    """A :class:`~transformers.cache_utils.StaticLayer` of float8 codes ``[B, Hkv, max_cache_len, D]`` with
+    per-kv-head float32 scales ``k_scale``/``v_scale`` ``[Hkv]`` (module docstring)."""
+
+    def __init__(self, max_cache_len: int, *, margin: float = 2.0, fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+                 **kwargs):
+        super().__init__(max_cache_len=max_cache_len, **kwargs)
+        if not margin >= 1.0:
+            raise ValueError(f"margin: expected >= 1, got {margin}")
+        fp8._check_format(fp8_dtype)
+        self.margin, self.fp8_dtype = float(margin), fp8_dtype
+        self.scaled = False  # the scales are fixed by the first update that holds tokens
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.batch_size, self.num_heads = key_states.shape[:2]
+        self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
+        shape = (self.batch_size, self.num_heads, self.max_cache_len)
+        self.keys = torch.zeros(shape + (self.k_head_dim,), dtype=self.fp8_dtype, device=self.device)
+        self.values = torch.zeros(shape + (self.v_head_dim,), dtype=self.fp8_dtype, device=self.device)
+        self.k_scale = torch.ones(self.num_heads, dtype=torch.float32, device=self.device)
+        self.v_scale = torch.ones(self.num_heads, dtype=torch.float32, device=self.device)
+        setattr(self.keys, SCALE_ATTR, self.k_scale)
+        setattr(self.values, SCALE_ATTR, self.v_scale)
+        self.cumulative_length = self.cumulative_length.to(self.device)
+        if not torch.compiler.is_compiling():  # as StaticLayer: fixed addresses for CUDA graphs
+            for t in (self.keys, self.values, self.k_scale, self.v_scale, self.cumulative_length):
+                torch._dynamo.mark_static_address(t)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Quantise the new states ``[B, Hkv, n, D]`` with the layer's scales into the next ``n`` slots and
+        return the whole code buffers (their scales attached)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if not self.scaled and key_states.shape[-2] > 0:
+            # in place: the scale tensors keep their (static) addresses and stay attached to the codes
+            self.k_scale.copy_(fp8.scales(key_states, dtype=self.fp8_dtype, margin=self.margin))
+            self.v_scale.copy_(fp8.scales(value_states, dtype=self.fp8_dtype, margin=self.margin))
+            self.scaled = True
+        n = key_states.shape[-2]
+        pos = torch.arange(n, device=self.device) + self.cumulative_length
+        self.cumulative_length.add_(n)
+        kc = fp8.quantize(key_states, self.k_scale, self.fp8_dtype)
+        vc = fp8.quantize(value_states, self.v_scale, self.fp8_dtype)
+        # written as bytes: index_copy_ has no float8 kernel on the CPU (the bits are the same)
+        self.keys.view(torch.uint8).index_copy_(2, pos, kc.view(torch.uint8))
+        self.values.view(torch.uint8).index_copy_(2, pos, vc.view(torch.uint8))
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        """Empty the layer for a new generation: the next prompt sets new scales."""
+        super().reset()
+        self.scaled = False
+
+
+class FP8StaticCache(StaticCache):
+    """transformers' ``StaticCache`` with :class:`FP8StaticLayer` for every full-attention layer (sliding
+    layers as transformers makes them). ``margin`` (>= 1) and ``fp8_dtype`` (``torch.float8_e4m3fn`` or
+    ``torch.float8_e5m2``) go to each FP8 layer; other arguments as ``StaticCache``'s."""
+
+    def __init__(self, config, max_cache_len: int, *, margin: float = 2.0,
+                 fp8_dtype: torch.dtype = torch.float8_e4m3fn, **kwargs):
+        super().__init__(config=config, max_cache_len=max_cache_len, **kwargs)
+        self.layers = [FP8StaticLayer(layer.max_cache_len, margin=margin, fp8_dtype=fp8_dtype)
+                       if type(layer) is StaticLayer else layer for layer in self.layers]
+
+
+__all__ = ["FP8StaticCache", "FP8StaticLayer", "SCALE_ATTR"]

@@ -1,0 +1,209 @@
+"""The FP8 KV cache for HF generate (attntune.hf_fp8.FP8StaticCache) on tiny random models: a generation
+through it equals one over the dequantised cache (HF's own SDPA over a float cache holding exactly those
+values), stays close to the float generation, leaves sliding layers alone, and refuses codes without
+scales."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import attntune  # noqa: E402
+import attntune.hf  # noqa: E402
+from attntune import fp8  # noqa: E402
+from attntune.hf_fp8 import FP8StaticCache, FP8StaticLayer  # noqa: E402
+from transformers.cache_utils import StaticCache, StaticLayer  # noqa: E402
+
+WINDOW = 4
+
+
+@pytest.fixture(autouse=True)
+def _setup():
+    attntune.hf.register()
+    attntune.reset()
+    yield
+    attntune.reset()
+
+
+def _config(kind: str):
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, eos_token_id=1)
+    if kind == "llama":
+        return transformers.LlamaConfig(**common)
+    return transformers.MistralConfig(sliding_window=WINDOW, **common)
+
+
+def _models(kind: str, impls, dtype=torch.float32, device="cpu"):
+    cls = transformers.LlamaForCausalLM if kind == "llama" else transformers.MistralForCausalLM
+    cfg = _config(kind)
+    torch.manual_seed(0)
+    base = cls._from_config(copy.deepcopy(cfg), attn_implementation=impls[0])
+    out = [base]
+    for impl in impls[1:]:
+        m = cls._from_config(copy.deepcopy(cfg), attn_implementation=impl)
+        m.load_state_dict(base.state_dict())
+        out.append(m)
+    return [m.to(device=device, dtype=dtype).eval() for m in out]
+
+
+def _ids(batch=2, seq=9, seed=1, device="cpu"):
+    return torch.randint(2, 96, (batch, seq), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+class _DequantLayer(StaticLayer):
+    """The reference: a float static layer holding exactly the values an FP8 layer's codes stand for (the
+    same scales from the first update, each token quantised then dequantised)."""
+
+    def __init__(self, max_cache_len: int, margin: float):
+        super().__init__(max_cache_len=max_cache_len)
+        self.margin, self.scales = margin, None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if self.scales is None:
+            self.scales = [fp8.scales(t, margin=self.margin) for t in (key_states, value_states)]
+        k, v = (fp8.dequantize(fp8.quantize(t, s), s).to(t.dtype) for t, s in zip((key_states, value_states),
+                                                                                   self.scales))
+        return super().update(k, v, *args, **kwargs)
+
+
+def _dequant_cache(config, max_cache_len: int, margin: float) -> StaticCache:
+    c = StaticCache(config=config, max_cache_len=max_cache_len)
+    c.layers = [_DequantLayer(layer.max_cache_len, margin) if type(layer) is StaticLayer else layer
+                for layer in c.layers]
+    return c
+
+
+def _steps(model, ids, cache, steps: int):
+    """Greedy decoding by hand (prefill, then ``steps`` single-token steps): the logits of every step [B, V]
+    and the tokens. The same token feed for both caches of a comparison keeps their logits comparable."""
+    logits, pos = [], torch.arange(ids.shape[1], device=ids.device)
+    with torch.no_grad():
+        out = model(ids, past_key_values=cache, use_cache=True, cache_position=pos)
+        logits.append(out.logits[:, -1].float())
+        tok = out.logits[:, -1:].argmax(-1)
+        for i in range(steps):
+            p = torch.tensor([ids.shape[1] + i], device=ids.device)
+            out = model(tok, past_key_values=cache, use_cache=True, cache_position=p)
+            logits.append(out.logits[:, -1].float())
+            tok = out.logits[:, -1:].argmax(-1)
+    return logits
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_fp8_cache_generation_equals_the_dequantised_cache_and_stays_near_float(kind):
+    ours, sdpa = _models(kind, ["attntune", "sdpa"])
+    ids = _ids()
+    n = ids.shape[1] + 7
+    cache = FP8StaticCache(config=ours.config, max_cache_len=n)
+    got = _steps(ours, ids, cache, 6)
+    ref = _steps(sdpa, ids, _dequant_cache(sdpa.config, n, margin=2.0), 6)
+    flt = _steps(sdpa, ids, StaticCache(config=sdpa.config, max_cache_len=n), 6)
+    for g, r, f in zip(got, ref, flt):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)  # float32 model: exactly the dequantised values
+        assert (g - f).abs().max() <= 0.05 * f.abs().max(), ((g - f).abs().max(), f.abs().max())
+    fp8_layers = [layer for layer in cache.layers if isinstance(layer, FP8StaticLayer)]
+    if kind == "llama":
+        assert len(fp8_layers) == len(cache.layers)
+        # the FP8 codes differ from the float cache: the comparison above is not one of equal inputs
+        assert any((g - f).abs().max() > 1e-4 for g, f in zip(got, flt))
+    else:  # every Mistral layer slides (W=4 < the cache): they stay float, the generation is the float one
+        assert not fp8_layers
+        for g, f in zip(got, flt):
+            torch.testing.assert_close(g, f, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_model_hands_the_codes_and_their_scales_to_attntune():
+    """A 16-bit model: the codes and both scales reach attntune.attention (on the CPU its fp8_dequant path);
+    the logits equal HF's SDPA over the dequantised cache to bf16's tolerance."""
+    ours, sdpa = _models("llama", ["attntune", "sdpa"], dtype=torch.bfloat16)
+    ids = _ids()
+    n = ids.shape[1] + 6
+    got = _steps(ours, ids, FP8StaticCache(config=ours.config, max_cache_len=n), 5)
+    want = _steps(sdpa, ids, _dequant_cache(sdpa.config, n, margin=2.0), 5)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=0.05, rtol=0.02)
+    plans = [p["problem"] for p in attntune.stats()["plans"]]
+    assert any("kv:e4m3fn" in p and " S1x" in p for p in plans), plans  # decode steps as FP8 problems
+
+
+def test_fp8_layers_hold_codes_and_scales():
+    llama, = _models("llama", ["attntune"])
+    cache = FP8StaticCache(config=llama.config, max_cache_len=20)
+    ids = _ids()
+    _steps(llama, ids, cache, 2)
+    for layer in cache.layers:
+        assert isinstance(layer, FP8StaticLayer)
+        assert layer.keys.dtype == torch.float8_e4m3fn and layer.keys.shape == (2, 2, 20, 16)
+        assert layer.k_scale.shape == (2,) and layer.keys._attntune_scale is layer.k_scale
+        assert int(layer.cumulative_length) == ids.shape[1] + 2
+        assert layer.keys[:, :, int(layer.cumulative_length):].float().abs().max() == 0  # unwritten slots
+        # the prompt's amax times the margin maps to the format's largest value: codes use half the range
+        amax = layer.keys[:, :, :ids.shape[1]].float().abs().amax()
+        assert 0.4 * 448 <= amax <= 0.5 * 448 + 1e-3
+    cache.reset()
+    assert not cache.layers[0].scaled and int(cache.layers[0].cumulative_length) == 0
+
+
+def test_mistral_full_attention_layers_are_fp8_when_the_window_covers_the_cache():
+    """A Mistral whose window is longer than the cache: transformers makes every layer a plain static one,
+    so every layer holds codes; the generation still equals the dequantised reference."""
+    cfg = _config("mistral")
+    cfg.sliding_window = None
+    torch.manual_seed(0)
+    ours = transformers.MistralForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="attntune").eval()
+    ref = transformers.MistralForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").eval()
+    ref.load_state_dict(ours.state_dict())
+    cache = FP8StaticCache(config=ours.config, max_cache_len=16)
+    got = _steps(ours, _ids(), cache, 3)
+    assert all(isinstance(layer, FP8StaticLayer) for layer in cache.layers)
+    want = _steps(ref, _ids(), _dequant_cache(ref.config, 16, 2.0), 3)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_codes_without_scales_are_refused_naming_key_value():
+    q = torch.randn(1, 4, 1, 16, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 5, 16, dtype=torch.float8_e4m3fn)
+
+    class M(torch.nn.Module):
+        is_causal = True
+
+    with pytest.raises(ValueError, match="key/value"):
+        attntune.hf.attention_forward(M(), q, k, k.clone(), None)
+
+
+def test_layer_arguments_are_checked():
+    with pytest.raises(ValueError, match="margin"):
+        FP8StaticLayer(8, margin=0.5)
+    with pytest.raises(ValueError, match="dtype"):
+        FP8StaticLayer(8, fp8_dtype=torch.int8)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_cache_decode_steps_go_to_triton_decode():
+    """bf16 model on a GPU: the decode steps read the codes in triton_decode (kv_lens: a static buffer);
+    logits stay within the FP8 error of a float32 reference."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs an sm_89+ GPU (Triton converts float8 there)")
+    cfg = _config("llama")
+    cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads = 256, 4, 2  # head_dim 64
+    torch.manual_seed(0)
+    ref = transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").cuda().eval()
+    ours = transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="attntune")
+    ours.load_state_dict(ref.state_dict())
+    ours = ours.to(device="cuda", dtype=torch.bfloat16).eval()
+    ids = _ids(batch=3, seq=21, device="cuda")
+    n = ids.shape[1] + 9
+    got = _steps(ours, ids, FP8StaticCache(config=ours.config, max_cache_len=n), 8)
+    want = _steps(ref, ids, _dequant_cache(ref.config, n, 2.0), 8)
+    for g, w in zip(got, want):
+        assert (g - w).abs().max() <= 0.05 * w.abs().max() + 1e-2
+    decode = [p for p in attntune.stats()["plans"] if " S1x" in p["problem"]]
+    assert decode and all(p["variant"] == "triton_decode" for p in decode), decode
+    assert all("kv:e4m3fn" in p["problem"] and "kv_lens" in p["problem"] for p in decode), decode
