@@ -4,7 +4,8 @@
 
 Per case (q_len 1, GQA 32/8 unless said, D 128, bf16 q, ``kv_lens`` = full): the FP8 cache (e4m3, scales
 per kv head, :func:`attntune.fp8.quantize_kv`) through ``decode_attention`` at its default config and at
-the best of a small grid (splits x BLOCK_N x warps), against the same problem in bf16 through torch SDPA
+the best of a small grid (splits x BLOCK_N x warps) — and with fp16 queries (``fp16q_fp8_decode``: the
+codes widen to fp16, the widening lead) —, against the same problem in bf16 through torch SDPA
 (default backend, and each fused backend that runs it; no mask: every length is full) and through our
 bf16 decode. Timed under CUDA graphs (``do_bench_cudagraph``, what a serving engine sees) and eagerly
 (``do_bench``), rotating over enough copies of the cache that every call reads it from HBM (as
@@ -89,7 +90,15 @@ def bench_case(b, s, hq, hkv, sweep: bool, grid=None):
     def bf16_calls(cfg=None):
         return [lambda k=k, v=v: decode_attention(q, k, v, kv_lens=lens, config=cfg) for k, v in copies]
 
-    impls = {"fp8_decode": fp8_calls(),
+    # the widening lead: fp16 queries make the kernel widen e4m3 codes to fp16 (a paired conversion on
+    # sm_89+) instead of bf16 (no direct conversion on sm_90); named apart so the summary stays bf16's
+    q16 = q.half()
+
+    def fp8_fp16q_calls(cfg=None):
+        return [lambda c=c: decode_attention(q16, c[0], c[1], kv_lens=lens, k_scale=c[2], v_scale=c[3],
+                                             config=cfg) for c in copies8]
+
+    impls = {"fp8_decode": fp8_calls(), "fp16q_fp8_decode": fp8_fp16q_calls(),
              "bf16_decode": [lambda k=k, v=v: decode_attention(q, k, v, kv_lens=lens) for k, v in copies]}
     for name in [None, *SDPA_BACKENDS]:
         fn = _sdpa(name)
@@ -128,6 +137,8 @@ def bench_case(b, s, hq, hkv, sweep: bool, grid=None):
                 rec["graph_us"][f"{label}_best"] = time_graph(rotating(make(best[1])))
         if "fp8_decode_best_config" in rec:
             rec["fp8_best_config"] = rec["fp8_decode_best_config"]
+            rec["graph_us"]["fp16q_fp8_decode_best"] = time_graph(rotating(
+                fp8_fp16q_calls(rec["fp8_decode_best_config"])))
     # error against float32 on the float cache of copy 0
     k, v = copies[0]
     k8, v8, ks, vs = copies8[0]
