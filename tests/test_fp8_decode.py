@@ -2,7 +2,8 @@
 
 The op is compared with the float64 reference on the *dequantised* cache (codes * scales): that is its
 exact semantics, so the tolerance is q's dtype's, not FP8's. On the CPU the kernel runs under the Triton
-interpreter (fp16 q: bf16 ``tl.dot`` is broken there); the ``gpu`` tests add bf16 and serving shapes.
+interpreter; bf16 q works there too, because the kernel's dots over FP8 codes run in fp16 whatever q's
+dtype (bf16 ``tl.dot`` is what is broken in the interpreter). The ``gpu`` tests add serving shapes.
 The quantisation error itself (FP8 against the float cache) is measured, not asserted tightly: about
 2^-4 relative per element for e4m3.
 """
@@ -98,10 +99,11 @@ def test_quantiser_argument_errors():
 
 
 # ---- the decode op on FP8 caches -------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("per", ["head", "tensor"])
 @pytest.mark.parametrize("hq, hkv, sq, causal", [(4, 2, 1, False), (6, 3, 3, True), (4, 4, 2, False)])
-def test_fp8_cache_matches_reference_on_dequantised_cache(per, hq, hkv, sq, causal):
-    q, k8, v8, ks, vs = _case(3, hq, hkv, sq, 45, 24, per=per, seed=hq + sq)
+def test_fp8_cache_matches_reference_on_dequantised_cache(dtype, per, hq, hkv, sq, causal):
+    q, k8, v8, ks, vs = _case(3, hq, hkv, sq, 45, 24, dtype=dtype, per=per, seed=hq + sq)
     lens = torch.tensor([45, 1, 30], dtype=torch.int32, device=DEV)
     _check(q, k8, v8, ks, vs, lens=lens, causal=causal)
 
@@ -111,6 +113,22 @@ def test_fp8_cache_splits_window_and_e5m2():
     a = _check(q, k8, v8, ks, vs, window=(20, -1), config={"BLOCK_N": 16, "num_splits": 3})
     b = _check(q, k8, v8, ks, vs, window=(20, -1), config={"BLOCK_N": 16, "num_splits": 1})
     torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)  # split count changes rounding only
+
+
+def test_bf16_queries_beyond_fp16_range_saturate_instead_of_overflowing():
+    """The dots over FP8 codes run in fp16 (kernels/triton_decode/jit.py): a bf16 q element past fp16's
+    largest finite value is rounded to ±65504, not inf — the output equals the reference with q clamped
+    there, and is finite."""
+    q, k8, v8, ks, vs = _case(2, 4, 2, 1, 33, 16, dtype=torch.bfloat16, seed=5, spread=False)
+    q = q * 1e-4  # the scores stay moderate although one element is huge: its key column is zeroed below
+    q[0, 1, 0, 3], q[1, 2, 0, 7] = 3e5, -1e6
+    k8[:, :, :, 3] = 0
+    k8[:, :, :, 7] = 0
+    out = decode_attention(q, k8, v8, k_scale=ks, v_scale=vs)
+    assert torch.isfinite(out.float()).all()
+    kd, vd = fp8.dequantize(k8, ks), fp8.dequantize(v8, vs)
+    ref = reference_attention(q.double().clamp(-65504, 65504), kd, vd, _problem(q, k8, False, False))
+    assert_close(out, ref, "bfloat16")
 
 
 def test_fp8_cache_error_against_the_float_cache_is_small():

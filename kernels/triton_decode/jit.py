@@ -23,8 +23,15 @@ reduction, one program per row, finishes sooner than the last split's serial com
 FP8 K/V (``HAS_SCALE``): the caches hold float8 codes and float32 scales per kv head (or one per tensor,
 stride 0); the real keys and values are ``K * k_scale[hkv]`` and ``V * v_scale[hkv]``. Tiles are loaded
 as codes (half the bytes of bf16: decode reads its cache once, so half the time at the bandwidth
-limit), widened exactly to q's dtype for the dots, K's scale folded into the softmax scale and V's
-applied to the normalised output.
+limit), widened exactly to **float16** for the dots whatever q's dtype, K's scale folded into the softmax
+scale and V's applied to the normalised output. Why fp16 and not q's dtype: sm_89+ converts two e4m3/e5m2
+codes to fp16 in one instruction, while bf16 has no such conversion and goes through wider types — on the
+H200 that made a bf16-query FP8 decode no faster than reading bf16 (B32 KV8192: 235 µs against 158 µs with
+fp16 queries, ``benchmarks/results/fp8_h200_2026-12-04_wide.json``). Every e4m3/e5m2 code is exact in
+fp16; a bf16 q is rounded to fp16 once per program (exact for normal magnitudes in [6.1e-5, 65504], which
+has more mantissa than bf16; larger magnitudes saturate at ±65504 instead of overflowing, smaller ones keep
+fp16's subnormal precision, 6e-8 absolute), and the probabilities P in [0, 1] go to the PV dot in fp16
+(finer than bf16's). The accumulators stay float32; the output is written in q's dtype.
 
 Log-sum-exps are kept in base 2 (scores are multiplied by ``scale * log2(e)`` and exponentiated with
 ``exp2``, which is one MUFU instruction); they never leave the op.
@@ -134,6 +141,8 @@ def decode_split_kernel(
     if HAS_SCALE:
         # K's scale multiplies every score of this kv head: folded into the softmax scale once
         qk_scale = qk_scale * tl.load(K_SCALE + hkv * stride_ksc)
+        # the dots run in fp16 (module docstring): a bf16 q is rounded once, saturating instead of inf
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     k_base = K + b64 * stride_kb + hkv64 * stride_kh
     v_base = V + b64 * stride_vb + hkv64 * stride_vh
     # Each row's diagonal key (bottom-right, per sequence) and its window's first/last admissible key.
@@ -158,7 +167,7 @@ def decode_split_kernel(
         else:
             k = tl.load(k_ptrs, mask=d_ok[:, None] & n_ok[None, :], other=0.0)
         if HAS_SCALE:
-            k = k.to(Q.dtype.element_ty)  # FP8 codes widen exactly to fp16/bf16: the dot runs there
+            k = k.to(tl.float16)  # FP8 codes widen exactly to fp16 (one paired conversion on sm_89+)
         # V is issued before the softmax math so its latency hides behind it.
         v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
         if EVEN_D:
@@ -166,7 +175,7 @@ def decode_split_kernel(
         else:
             v = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         if HAS_SCALE:
-            v = v.to(Q.dtype.element_ty)
+            v = v.to(tl.float16)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
         ok = n_ok[None, :]
         if HAS_LEFT:
