@@ -21,6 +21,9 @@ Sections of the JSON (``--out``, rewritten after every case so that a timeout st
   generate with ``max_new_tokens=1`` is timed after each run as the prefill cost, and decode tokens/s =
   batch * (new_tokens - 1) / (median full - median prefill). The greedy tokens of attntune and SDPA are
   compared (fraction equal; bf16 rounding may legitimately make them diverge: reported, not failed).
+  ``fp8static`` (opt-in: ``--caches dynamic,static,fp8static``) gives attntune its FP8 KV cache
+  (``attntune.hf_fp8.FP8StaticCache``: e4m3 codes in the full-attention layers) against SDPA's bf16 static
+  cache, reported apart (``fp8static_vs_sdpa``), never in the like-for-like ratios.
   Static caches run eagerly (``disable_compile=True``); ``--compiled-static`` adds the cases of
   ``--compiled-cases`` (``model:B:P``, default one small Llama case) with transformers' automatic
   compilation of the decode step (``compiled``; ``compiled_static`` is the first one), where the host
@@ -60,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CHILD_MARK = "BENCH_GENERATE_CHILD_JSON "
 KINDS = ("llama", "mistral")
-CACHES = ("dynamic", "static")
+CACHES = ("dynamic", "static", "fp8static")
 AUTO_PIN_CPUS = 4  # --cpus auto: host work of one generate is one Python thread plus the driver's threads
 
 
@@ -376,7 +379,13 @@ def generate(model, ids, mask, new_tokens, cache, compile_ok=False, clock=None):
         from transformers import LogitsProcessorList
 
         kw["logits_processor"] = LogitsProcessorList([clock])
-    if cache == "static":
+    if cache == "fp8static" and model.config._attn_implementation == "attntune":
+        # attntune's FP8 KV cache (e4m3 codes, per-kv-head scales); SDPA cannot read codes: its side of an
+        # fp8static case is the bf16 static cache below, what a user compares against
+        from attntune.hf_fp8 import FP8StaticCache
+
+        kw["past_key_values"] = FP8StaticCache(config=model.config, max_cache_len=ids.shape[1] + new_tokens)
+    elif cache in ("static", "fp8static"):
         kw["cache_implementation"] = "static"
         if not compile_ok:
             # transformers sizes a new static cache to max(this call, every earlier call): keep each case's own
@@ -868,7 +877,8 @@ def run_new_length(args, device, dtype):
 
 # ---- summary / output ------------------------------------------------------------------------------------
 def summarize(doc) -> dict:
-    cases = [c for c in doc["cases"] if not c.get("compiled")]
+    fp8 = [c["ratio"] for c in doc["cases"] if c.get("cache") == "fp8static" and c.get("ratio")]
+    cases = [c for c in doc["cases"] if not c.get("compiled") and c.get("cache") != "fp8static"]
     rs = [c["ratio"] for c in cases if c.get("ratio")]
     swa = [c["ratio"] for c in cases if c.get("ratio") and c["model"] == "mistral" and c["cache"] == "dynamic"
            and c["prompt"] == 4096]
@@ -900,6 +910,7 @@ def summarize(doc) -> dict:
         "new_length_extra_us": nl.get("extra_us_median"),
         "new_length_extra_us_sdpa": ((doc.get("new_length") or {}).get("sdpa") or {}).get("extra_us_median"),
         "fresh_vs_sdpa": _geomean([f.get("ratio") for f in doc.get("fresh", [])]),
+        "fp8static_vs_sdpa": _geomean(fp8),  # attntune's FP8 cache against SDPA's bf16 static cache
         "compiled_static_vs_sdpa": cs.get("ratio"),
         "compiled_geomean_vs_sdpa": _geomean(comp),
         "compiled_min_vs_sdpa": min(comp) if comp else None,
@@ -999,7 +1010,7 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="B 1,8, prompt 512, 64 new tokens, 2 repeats")
     ap.add_argument("--smoke", action="store_true", help="tiny float32 models on the CPU (default without CUDA)")
     ap.add_argument("--models", help="llama,mistral")
-    ap.add_argument("--caches", help="dynamic,static")
+    ap.add_argument("--caches", help="dynamic,static (default); fp8static: attntune's FP8 KV cache vs SDPA static")
     ap.add_argument("--batches", help="default 1,8,32")
     ap.add_argument("--prompts", help="default 512,4096")
     ap.add_argument("--new-tokens", type=int)

@@ -229,3 +229,27 @@ def test_slow_run_attribution_compares_slow_and_fast_runs_and_skips_first_runs()
     assert math.isclose(a["probe_slow_over_fast"], 2.0)
     assert a["slow"]["gpu_util_median"] == 20.5 and a["slow"]["steal_ticks"] == 12
     assert a["fast"]["steal_ticks"] == 1
+
+
+def test_bench_generate_fp8static_case_is_reported_apart(tmp_path):
+    """``--caches fp8static``: attntune generates through its FP8 KV cache, SDPA through HF's static cache;
+    the case runs for both and its ratio goes to ``fp8static_vs_sdpa``, never into the like-for-like ones."""
+    out = tmp_path / "generate.json"
+    env = dict(os.environ, ATTNTUNE_SYSTEM_CACHE="", ATTNTUNE_CACHE=str(tmp_path / "cache.db"),
+               PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--protocol", "resident", "--models", "llama",
+           "--caches", "static,fp8static", "--no-serving", "--no-new-length", "--no-prefill-split",
+           "--out", str(out)]
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    by_cache = {c["cache"]: c for c in doc["cases"]}
+    assert set(by_cache) == {"static", "fp8static"}
+    for c in by_cache.values():
+        for impl in IMPLS:
+            _no_error(f"{c['cache']}/{impl}", c["impls"][impl])
+    s = doc["summary"]
+    assert s["fp8static_vs_sdpa"] == pytest.approx(by_cache["fp8static"]["ratio"])
+    assert s["static_vs_sdpa"] == pytest.approx(by_cache["static"]["ratio"])
+    assert s["geomean_vs_sdpa"] == pytest.approx(by_cache["static"]["ratio"])  # the fp8 case stays apart
