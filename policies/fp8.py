@@ -11,8 +11,13 @@ The same slot table as every other call (:data:`~attntune.policies.runtime.SLOTS
 ``"fp8"``): a repeat call is one dict look-up and the bound call with the two scales appended. A new
 signature resolves a plan through the policy (the shipped cache has no FP8 rows yet: the heuristic rules
 decide, and the online policy does not tune FP8 keys). A variant that fails is quarantined and the call
-goes to the fallback, as elsewhere. Not covered yet: latency sampling, and ``torch.compile``, under which
-the codes are widened and the call goes through the regular custom op (correct, not fast).
+goes to the fallback, as elsewhere. Not covered yet: latency sampling.
+
+Under ``torch.compile`` (HF ``generate`` compiles the decode step of a static cache by itself on a GPU) the
+call is the opaque custom op ``attntune::attention_fp8``: the codes and scales go into the graph as they
+are, and the op runs this module's slot path at run time (triton_decode reading the codes), as the regular
+op ``attntune::attention`` does for 16-bit K/V. Before, the codes were widened in the graph and the call
+went to the regular op: correct, but a bf16 copy of the cache was written and read every step.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from torch import Tensor
 
 from attntune.fp8 import check_scales
 from attntune.policies import runtime as _runtime
-from attntune.policies.dispatch import _check_scalars, _store, attention, check_kv_lens
+from attntune.policies.dispatch import NO_WINDOW, _check_scalars, _store, check_kv_lens
 from attntune.policies.policy import fallback_plan
 from attntune.policies.runtime import SLOTS, Slot
 from attntune.problem import problem_from_tensors, validate_qkv
@@ -32,17 +37,15 @@ from attntune.problem import problem_from_tensors, validate_qkv
 _FP8 = "fp8"  # first element of these calls' signatures
 
 
-def _widen(t: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
-    return (t.float() * scale.to(torch.float32).view(1, -1, 1, 1)).to(dtype)
-
-
 def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, causal, window, scale,
                   kv_lens: Optional[Tensor], approx) -> Tensor:
     """:func:`attntune.attention` with FP8 ``k``/``v`` (module docstring). ``window`` is already
     validated."""
     if torch.compiler.is_compiling():
-        return attention(q, _widen(k, k_scale, q.dtype), _widen(v, v_scale, q.dtype), causal=causal, window=window,
-                     scale=scale, kv_lens=kv_lens, approx=approx)
+        wl, wr = window if window is not None else (NO_WINDOW, NO_WINDOW)
+        return torch.ops.attntune.attention_fp8(q, k, v, k_scale, v_scale, kv_lens, bool(causal), wl, wr,
+                                                None if scale is None else float(scale),
+                                                -1 if approx is None else int(bool(approx)))
     try:
         sig = (_FP8, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                causal, window, scale, approx,
@@ -109,6 +112,24 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, k_scale, v_scal
         return new.fn(q, k, v, new.problem, new.config, kv_lens, k_scale, v_scale)
     except Exception as e2:
         raise e2 from error
+
+
+@torch.library.custom_op("attntune::attention_fp8", mutates_args=())
+def _attention_fp8_op(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, kv_lens: Optional[Tensor],
+                      causal: bool, window_left: int, window_right: int, scale: Optional[float],
+                      approx: int) -> Tensor:
+    """:func:`attention_fp8` as one opaque op for ``torch.compile`` (module docstring): the plan is resolved
+    at run time from the real tensors. ``window_left == -2``: no window; ``approx`` -1/0/1 =
+    environment/no/yes. Returns a contiguous ``[B, Hq, Sq, Dv]`` tensor (what the fake promises)."""
+    window = None if window_left == NO_WINDOW else (window_left, window_right)
+    return attention_fp8(q, k, v, k_scale, v_scale, causal, window, scale, kv_lens,
+                         None if approx < 0 else bool(approx)).contiguous()
+
+
+@_attention_fp8_op.register_fake
+def _attention_fp8_fake(q, k, v, k_scale, v_scale, kv_lens, causal, window_left, window_right, scale, approx):
+    validate_qkv(q, k, v, kv_lens, fp8=True)
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
 
 _runtime.FP8_ATTENTION = attention_fp8

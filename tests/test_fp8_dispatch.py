@@ -301,3 +301,38 @@ def test_device_kv_reasons_by_architecture(monkeypatch, cap, hip, fmt, ok):
     assert (fp8.device_kv_reasons(fmt, "cuda") == []) is ok
     assert fp8.device_kv_reasons(fmt, "cpu") == []  # the interpreter reads every format
 
+
+
+def test_under_torch_compile_the_codes_reach_the_fp8_runtime_through_one_op():
+    """torch.compile (HF compiles a static cache's decode step by itself on a GPU): the call becomes the
+    opaque op attntune::attention_fp8, the codes and scales enter it unwidened and the FP8 runtime serves it
+    at run time — the same plan and output as the eager call, with no widening in the graph."""
+    q, k8, v8, ks, vs = _case(2, 4, 2, 1, 29, 16)
+    lens = torch.tensor([29, 11], dtype=torch.int32)
+    want = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs, causal=True, window=(7, 0), kv_lens=lens)
+    attntune.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(q, k8, v8, ks, vs, lens):
+        return attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs, causal=True, window=(7, 0), kv_lens=lens) * 2
+
+    got = torch.compile(step, backend=backend, fullgraph=True)(q, k8, v8, ks, vs, lens)
+    assert torch.equal(got, want * 2)
+    [gm] = graphs
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "attntune.attention_fp8" in targets, targets
+    assert "attntune.attention" not in targets and len(targets) == 2  # not widened for the regular op
+    [plan] = [p for p in attntune.stats()["plans"] if "kv:" in p["problem"]]
+    assert plan["calls"] == 1 and "kv_lens" in plan["problem"]
+
+
+def test_the_fp8_op_refuses_bad_inputs_when_traced():
+    q, k8, v8, ks, vs = _case(1, 4, 2, 1, 9, 16)
+    f = torch.compile(lambda q, k, v: attntune.attention(q, k, v, k_scale=ks, v_scale=vs), backend="eager",
+                      fullgraph=True)
+    with pytest.raises(Exception, match="k_scale|k/v|heads|share one format|k_cache"):
+        f(q, k8, v8.to(torch.float8_e5m2))

@@ -208,3 +208,29 @@ def test_gpu_fp8_cache_decode_steps_go_to_triton_decode():
     decode = [p for p in attntune.stats()["plans"] if " S1x" in p["problem"]]
     assert decode and all(p["variant"] == "triton_decode" for p in decode), decode
     assert all("kv:e4m3fn" in p["problem"] and "kv_lens" in p["problem"] for p in decode), decode
+
+
+def test_generate_with_the_decode_step_compiled_reads_the_codes_through_the_fp8_op():
+    """What ``model.generate(ids, past_key_values=FP8StaticCache(...))`` does on a GPU: transformers compiles
+    the decode step of a static cache by itself (forced here on the CPU with ``_compile_all_devices``; the
+    aot_eager backend, no C++ toolchain needed). The compiled steps keep the codes: the FP8 runtime serves
+    them (kv:e4m3fn decode problems), and the tokens equal the eager generation's."""
+    from transformers import CompileConfig
+
+    ours, = _models("llama", ["attntune"], dtype=torch.bfloat16)
+    ids = _ids()
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
+    n = ids.shape[1] + 5
+    with torch.no_grad():
+        eager = ours.generate(ids, past_key_values=FP8StaticCache(config=ours.config, max_cache_len=n),
+                              disable_compile=True, **kw)
+        attntune.reset()
+        torch._dynamo.reset()
+        cc = CompileConfig(backend="aot_eager", fullgraph=False, dynamic=False)
+        cc._compile_all_devices = True
+        compiled = ours.generate(ids, past_key_values=FP8StaticCache(config=ours.config, max_cache_len=n),
+                                 compile_config=cc, **kw)
+    torch._dynamo.reset()
+    assert torch.equal(compiled, eager)
+    decode = [p for p in attntune.stats()["plans"] if " S1x" in p["problem"]]
+    assert decode and all("kv:e4m3fn" in p["problem"] for p in decode), decode
