@@ -23,7 +23,8 @@ Sections of the JSON (``--out``, rewritten after every case so that a timeout st
   compared (fraction equal; bf16 rounding may legitimately make them diverge: reported, not failed).
   ``fp8static`` (opt-in: ``--caches dynamic,static,fp8static``) gives attntune its FP8 KV cache
   (``attntune.hf_fp8.FP8StaticCache``: e4m3 codes in the full-attention layers) against SDPA's bf16 static
-  cache, reported apart (``fp8static_vs_sdpa``), never in the like-for-like ratios.
+  cache, reported apart (``fp8static_vs_sdpa``; with ``--compiled-static`` each compiled case also runs it:
+  ``compiled_fp8static_vs_sdpa``), never in the like-for-like ratios.
   Static caches run eagerly (``disable_compile=True``); ``--compiled-static`` adds the cases of
   ``--compiled-cases`` (``model:B:P``, default one small Llama case) with transformers' automatic
   compilation of the decode step (``compiled``; ``compiled_static`` is the first one), where the host
@@ -887,7 +888,8 @@ def summarize(doc) -> dict:
     nl = (doc.get("new_length") or {}).get("attntune") or {}
     eq = [c["tokens_equal_frac"] for c in cases if c.get("tokens_equal_frac") is not None]
     cs = doc.get("compiled_static") or {}
-    comp = [c["ratio"] for c in doc.get("compiled") or [] if c.get("ratio")]
+    comp = [c["ratio"] for c in doc.get("compiled") or [] if c.get("ratio") and c.get("cache") != "fp8static"]
+    comp8 = [c["ratio"] for c in doc.get("compiled") or [] if c.get("ratio") and c.get("cache") == "fp8static"]
     return {
         "geomean_vs_sdpa": _geomean(rs),
         "min_vs_sdpa": min(rs) if rs else None,
@@ -911,6 +913,7 @@ def summarize(doc) -> dict:
         "new_length_extra_us_sdpa": ((doc.get("new_length") or {}).get("sdpa") or {}).get("extra_us_median"),
         "fresh_vs_sdpa": _geomean([f.get("ratio") for f in doc.get("fresh", [])]),
         "fp8static_vs_sdpa": _geomean(fp8),  # attntune's FP8 cache against SDPA's bf16 static cache
+        "compiled_fp8static_vs_sdpa": _geomean(comp8),  # the same, both decode steps compiled
         "compiled_static_vs_sdpa": cs.get("ratio"),
         "compiled_geomean_vs_sdpa": _geomean(comp),
         "compiled_min_vs_sdpa": min(comp) if comp else None,
@@ -1168,17 +1171,19 @@ def main(argv=None):
                         doc["cases"].append(rec)
                         save()
                         _log(_case_line(rec, time.perf_counter() - t0))
-        for b, p in compiled[kind]:
+        # with fp8static among --caches, each compiled case also runs attntune's FP8 cache (vs SDPA static)
+        comp_caches = ["static"] + (["fp8static"] if "fp8static" in args.caches else [])
+        for (b, p), ccache in ((bp, c) for bp in compiled[kind] for c in comp_caches):
             try:
-                rec = run_case(models, kind, "static", b, p, args, device, cfg.vocab_size, compile_ok=True)
+                rec = run_case(models, kind, ccache, b, p, args, device, cfg.vocab_size, compile_ok=True)
                 rec["worked"] = {i: "error" not in r for i, r in rec["impls"].items()}
             except Exception as e:  # noqa: BLE001 — never crash the run
-                rec = {"model": kind, "cache": "static", "batch": b, "prompt": p, "compiled": True,
+                rec = {"model": kind, "cache": ccache, "batch": b, "prompt": p, "compiled": True,
                        "impls": {}, "error": _err(e), "worked": False}
             doc["compiled"].append(rec)
-            doc["compiled_static"] = doc["compiled"][0]
+            doc["compiled_static"] = next(c for c in doc["compiled"] if c["cache"] == "static")
             save()
-            _log(_case_line({**rec, "cache": "st-comp", "elapsed_s": rec.get("elapsed_s", 0.0)},
+            _log(_case_line({**rec, "cache": "st-comp" if ccache == "static" else "f8-comp", "elapsed_s": rec.get("elapsed_s", 0.0)},
                             time.perf_counter() - t0))
         del models
         _free(device)

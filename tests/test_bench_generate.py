@@ -240,7 +240,7 @@ def test_bench_generate_fp8static_case_is_reported_apart(tmp_path):
     env.pop("TRITON_INTERPRET", None)
     cmd = [sys.executable, str(SCRIPT), "--smoke", "--protocol", "resident", "--models", "llama",
            "--caches", "static,fp8static", "--no-serving", "--no-new-length", "--no-prefill-split",
-           "--out", str(out)]
+           "--compiled-static", "--out", str(out)]
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     doc = json.loads(out.read_text())
@@ -253,3 +253,8 @@ def test_bench_generate_fp8static_case_is_reported_apart(tmp_path):
     assert s["fp8static_vs_sdpa"] == pytest.approx(by_cache["fp8static"]["ratio"])
     assert s["static_vs_sdpa"] == pytest.approx(by_cache["static"]["ratio"])
     assert s["geomean_vs_sdpa"] == pytest.approx(by_cache["static"]["ratio"])  # the fp8 case stays apart
+    # --compiled-static: each compiled case also runs the FP8 cache, reported apart as well
+    comp = {c["cache"]: c for c in doc["compiled"]}
+    assert set(comp) == {"static", "fp8static"} and doc["compiled_static"]["cache"] == "static"
+    for c in comp.values():
+        assert "error" not in c, c.get("error")
