@@ -234,3 +234,21 @@ def test_generate_with_the_decode_step_compiled_reads_the_codes_through_the_fp8_
     assert torch.equal(compiled, eager)
     decode = [p for p in attntune.stats()["plans"] if " S1x" in p["problem"]]
     assert decode and all("kv:e4m3fn" in p["problem"] for p in decode), decode
+
+
+def test_a_left_padded_batch_takes_hfs_path_over_the_widened_codes():
+    """Padding masks are HF's own path (materialised masks): the codes are widened for it, and generate
+    gives exactly the tokens of HF's SDPA over the dequantised cache with the same padding."""
+    ours, sdpa = _models("llama", ["attntune", "sdpa"])
+    ids = _ids(batch=3, seq=9)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :5] = 0
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0, disable_compile=True)
+    n = ids.shape[1] + 5
+    with torch.no_grad():
+        got = ours.generate(ids, attention_mask=mask,
+                            past_key_values=FP8StaticCache(config=ours.config, max_cache_len=n), **kw)
+        want = sdpa.generate(ids, attention_mask=mask, past_key_values=_dequant_cache(sdpa.config, n, 2.0), **kw)
+    assert torch.equal(got, want)
+    assert not [p for p in attntune.stats()["plans"] if "kv:" in p["problem"]]  # no FP8 call reached us
