@@ -42,6 +42,11 @@ class Candidate:
         return self.variant.name
 
 
+#: Knob pairs that :meth:`SearchSpace.moves` also steps together (same direction): a tile size and the warps
+#: that process it.
+COUPLED: Tuple[Tuple[str, str], ...] = (("BLOCK_N", "num_warps"), ("BLOCK_M", "num_warps"))
+
+
 class SearchSpace:
     """Built once per key from the registry. ``excluded`` lists candidates dropped because their
     ``space()`` raised (name, reason) — recorded as failed trials by the sweep."""
@@ -122,24 +127,39 @@ class SearchSpace:
     def moves(self, variant: str, config: Config) -> List[Config]:
         """The valid one-step neighbours of ``config``: one knob moved to an adjacent value of its
         declared domain (domains are declared in order: block sizes, warps, stages and splits ascend),
-        every other knob kept. What the sweep's local refinement tries around the incumbent.
+        every other knob kept; then the *coupled* steps of :data:`COUPLED` — a tile knob and ``num_warps``
+        one step up together, or down together. What the sweep's local refinement tries around the
+        incumbent.
+
+        Why coupled steps: a tile's best warp count grows with the tile, so from a balanced config both
+        single steps (a bigger tile with too few warps, more warps on the same tile) can be slower while the
+        two together are faster — a local optimum of single steps that is not one of the kernel. On the
+        H200 the B1 KV4096 D64 decode key's budgeted winner (BLOCK_N 64, 2 warps) was such a point against
+        the reference's BLOCK_N 256 with 4 warps (8.3 % regret, ``regret_h200_2026-12-04_refine.json``).
 
         A value outside its domain (an old row's) has no neighbours along that knob."""
         cand = self._by_name.get(variant)
         if cand is None:
             return []
         out = []
+        index = {}
         for p in cand.space.params:
             try:
-                i = list(p.choices).index(config.get(p.name))
+                index[p.name] = (p, list(p.choices).index(config.get(p.name)))
             except ValueError:
                 continue
-            for j in (i - 1, i + 1):
-                if 0 <= j < len(p.choices):
-                    cfg = dict(config)
-                    cfg[p.name] = p.choices[j]
-                    if not cand.space.validate(cfg):
-                        out.append(cfg)
+        steps = [((name,), d) for name in index for d in (-1, 1)]
+        steps += [(pair, d) for pair in COUPLED if all(n in index for n in pair) for d in (-1, 1)]
+        for names, d in steps:
+            cfg = dict(config)
+            for name in names:
+                p, i = index[name]
+                if not 0 <= i + d < len(p.choices):
+                    break
+                cfg[name] = p.choices[i + d]
+            else:
+                if not cand.space.validate(cfg):
+                    out.append(cfg)
         return out
 
     def siblings(self, variant: str, config: Config) -> List[Tuple[str, Config]]:

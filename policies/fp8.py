@@ -60,7 +60,7 @@ def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Ten
         slot = _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx)
     if kv_lens is not None and _runtime.CHECK:
         check_kv_lens(kv_lens, k.shape[2])
-    slot.calls += 1
+    slot.count()
     try:
         return slot.fn(q, k, v, slot.problem, slot.config, kv_lens, k_scale, v_scale)
     except Exception as e:  # noqa: BLE001 — quarantine and fall back; re-raised if the fallback fails

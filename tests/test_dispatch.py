@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import warnings
 from typing import List
 
@@ -926,3 +927,36 @@ def test_explain_says_how_a_row_was_timed():
     assert "held out" in _timing_note(prefill)
     cpu = TuneKey.from_problem(problem_from_tensors(q, k, k), device_fingerprint("cpu"))
     assert "CUDA graphs" not in _timing_note(cpu)
+
+
+def test_threads_meeting_a_new_shape_at_once_share_one_slot_and_every_call_is_counted(monkeypatch):
+    """A new exact shape of a known family: threads that reach it together all build its slot from the
+    family's plan; the first stored one must serve them all, or the calls counted on a replaced slot vanish
+    (a loaded CI machine counted 318 of 320). The variant's bind is slowed so that they do meet."""
+    from attntune.kernels import registry as reg
+
+    q, k, v = rand_qkv(2, 4, 2, 5, 33, 16, seed=1)
+    attntune.attention(q, k, v, causal=True)  # the family's plan
+    [plan] = attntune.stats()["plans"]
+    impl = reg.get(plan["variant"])
+    real_bind = impl.bind
+    barrier = threading.Barrier(8)
+
+    def slow_bind(problem, config):
+        time.sleep(0.05)  # every thread is inside the slot's construction before any stores it
+        return real_bind(problem, config)
+
+    monkeypatch.setattr(impl, "bind", slow_bind)
+    q2, k2, v2 = rand_qkv(2, 4, 2, 5, 34, 16, seed=2)  # one key more: the same family, a new signature
+
+    def worker():
+        barrier.wait()
+        attntune.attention(q2, k2, v2, causal=True)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s = attntune.stats()
+    assert s["calls"] == 9, s["plans"]
