@@ -12,7 +12,7 @@ Order of trials (each measured at most once per study, whatever the sampler prop
    tries a random untried config instead (so a small space is not wasted on repeats).
 4. *local refinement* — the last ``LOCAL_SHARE`` of a sampled budget goes to one-step moves of the
    incumbent (the fastest tunable config so far; :meth:`SearchSpace.moves`: one knob to an adjacent
-   value of its domain), in seeded random order, re-centred whenever a move wins. With a budget of a few
+   value of its domain, or a tile knob and ``num_warps`` one step together), in seeded random order, re-centred whenever a move wins. With a budget of a few
    trials over a space of hundreds TPE samples too thinly to refine what the warm start found: the
    budgeted winner of an H200 decode key re-timed 7 % slower than the best of a larger sample
    (``benchmarks/results/regret_h200_2026-12-03b_13keys.json``), with the better configs a few knobs
