@@ -16,6 +16,7 @@ Fields (aliases in brackets; all but ``hq``, ``sq`` and ``d`` optional)::
     dtype          float32 | float16 | bfloat16 | float64        default --dtype / device default
     mode           fwd | fwd_bwd                                 default --mode / fwd
     approx         0/1: approximate variants allowed             default 0
+    kv             FP8 K/V codes: e4m3fn | e5m2 | e4m3fnuz (float8_ prefix optional)   default none
 
 Example: ``b=4,hq=32,hkv=8,sq=2048,skv=2048,d=128,causal=1,window=256:0,kv_lens=1,dtype=bfloat16``.
 """
@@ -74,6 +75,16 @@ def _dtype(field: str, raw: str) -> str:
     return raw
 
 
+def _kv(field: str, raw: str) -> str:
+    from attntune.problem import KV_DTYPES
+
+    name = raw if raw.startswith("float8_") else "float8_" + raw
+    if name not in KV_DTYPES:
+        raise ShapeSpecError(f"field {field}: expected one of {[n.removeprefix('float8_') for n in KV_DTYPES]}, "
+                             f"got {raw!r}")
+    return name
+
+
 def _mode(field: str, raw: str) -> str:
     if raw not in ("fwd", "fwd_bwd"):
         raise ShapeSpecError(f"field {field}: expected fwd or fwd_bwd, got {raw!r}")
@@ -96,6 +107,7 @@ _FIELDS: Dict[str, tuple] = {
     "dtype": ("dtype", _dtype),
     "mode": ("mode", _mode),
     "approx": ("approx", _bool),
+    "kv": ("kv_dtype", _kv),
 }
 _ALIASES = {"batch": "b", "h": "hq", "s": "sq"}
 _BACK = {v[0]: k for k, v in _FIELDS.items()}  # problem field -> spec field, for error messages

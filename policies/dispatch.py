@@ -156,11 +156,16 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
 
 def explain(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, window: Optional[Tuple[int, int]] = None,
-            scale: Optional[float] = None, kv_lens: Optional[Tensor] = None, approx: Optional[bool] = None) -> Plan:
+            scale: Optional[float] = None, kv_lens: Optional[Tensor] = None, approx: Optional[bool] = None,
+            k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None) -> Plan:
     """The plan ``attention(q, k, v, ...)`` with the same arguments would use, without running it:
     ``plan.variant``, ``plan.config``, ``plan.source`` (tuned / nearest / heuristic / fixed / online /
     fallback), ``plan.expected_ms``, ``plan.runner_up``, ``plan.reasons``; ``print(plan)`` for a summary.
-    Nothing is recorded (no miss, no online tuning); a plan already in use is returned as is."""
+    Nothing is recorded (no miss, no online tuning); a plan already in use is returned as is. FP8 K/V
+    codes take their ``k_scale``/``v_scale`` as in :func:`attention`."""
+    if k_scale is not None or v_scale is not None:
+        return _runtime.FP8_EXPLAIN(q, k, v, k_scale, v_scale, causal, validate_window(window) if window is not None
+                                    else None, scale, kv_lens, approx)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     problem = _problem(q, k, v, kv_lens, causal, "bottom_right", validate_window(window),
                        scale, approx, grad)

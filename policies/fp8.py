@@ -75,12 +75,24 @@ def _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale) -> None:
         raise ValueError("k_scale/v_scale: an FP8 K/V cache is for inference; no input may require grad")
 
 
-def _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx) -> Slot:
+def _fp8_problem(q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx):
     _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale)
     rt = _runtime.get()
-    problem = problem_from_tensors(q, k, v, causal=bool(causal), window=window, kv_lens=kv_lens, mode="fwd",
-                                   approx=rt.config.allow_approx if approx is None else bool(approx),
-                                   scale=None if scale is None else float(scale), validate=False)
+    return problem_from_tensors(q, k, v, causal=bool(causal), window=window, kv_lens=kv_lens, mode="fwd",
+                                approx=rt.config.allow_approx if approx is None else bool(approx),
+                                scale=None if scale is None else float(scale), validate=False)
+
+
+def explain_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, causal, window, scale,
+                kv_lens: Optional[Tensor], approx):
+    """:func:`attntune.explain` for FP8 K/V (the plan :func:`attention_fp8` would use; nothing recorded)."""
+    problem = _fp8_problem(q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx)
+    return _runtime.get().plan_for(problem, q.device, dry=True)
+
+
+def _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx) -> Slot:
+    problem = _fp8_problem(q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx)
+    rt = _runtime.get()
     with rt.lock:
         slot = SLOTS.get(sig)
         if slot is None:
@@ -133,5 +145,6 @@ def _attention_fp8_fake(q, k, v, k_scale, v_scale, kv_lens, causal, window_left,
 
 
 _runtime.FP8_ATTENTION = attention_fp8
+_runtime.FP8_EXPLAIN = explain_fp8
 
-__all__: Tuple[str, ...] = ("attention_fp8",)
+__all__: Tuple[str, ...] = ("attention_fp8", "explain_fp8")

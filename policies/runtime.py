@@ -110,6 +110,8 @@ def _fp8_unloaded(*args, **kwargs):
 #: ``attention()``'s path for FP8 K/V calls (``k_scale``/``v_scale``): set by :mod:`attntune.policies.fp8`
 #: when imported (dispatch cannot import it: it imports dispatch)
 FP8_ATTENTION = _fp8_unloaded
+#: ``explain()``'s counterpart for FP8 K/V calls, set by the same module
+FP8_EXPLAIN = _fp8_unloaded
 
 #: ``ATTNTUNE_CHECK`` of the current runtime (a module global: the hot path reads it without a call)
 CHECK = False

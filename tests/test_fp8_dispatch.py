@@ -336,3 +336,18 @@ def test_the_fp8_op_refuses_bad_inputs_when_traced():
                       fullgraph=True)
     with pytest.raises(Exception, match="k_scale|k/v|heads|share one format|k_cache"):
         f(q, k8, v8.to(torch.float8_e5m2))
+
+
+def test_explain_takes_the_scales_and_shows_the_plan_attention_uses():
+    q, k8, v8, ks, vs = _case(2, 4, 2, 1, 30, 16)
+    lens = torch.tensor([30, 12], dtype=torch.int32)
+    plan = attntune.explain(q, k8, v8, k_scale=ks, v_scale=vs, causal=True, kv_lens=lens)
+    assert plan.problem.kv_dtype == "float8_e4m3fn" and "kv:e4m3fn" in str(plan)
+    assert not attntune.stats()["plans"]  # nothing recorded, nothing run
+    attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs, causal=True, kv_lens=lens)
+    [used] = attntune.stats()["plans"]
+    assert used["variant"] == plan.variant
+    with pytest.raises(ValueError, match="k_scale"):
+        attntune.explain(q, k8, v8)
+    with pytest.raises(ValueError, match="v_scale"):
+        attntune.explain(q, k8, v8, k_scale=ks, v_scale=ks.double())

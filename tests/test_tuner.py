@@ -794,6 +794,7 @@ def test_claims_are_respected_and_expired_claims_taken_over(tmp_path):
         ("hq=4,sq=4,d=8,causal=maybe", "field causal"),
         ("hq=4,sq=4,d=8,dtype=int8", "field dtype"),
         ("hq=4,sq=4,d=0", "field d"),
+        ("hq=4,sq=1,skv=9,d=8,kv=int8", "field kv"),
     ],
 )
 def test_shape_spec_errors_name_the_field(spec, field):
@@ -822,6 +823,9 @@ def test_shape_spec_parses_every_field():
     )
     assert p.causal and p.causal_align == "top_left" and p.window == (256, 0) and p.kv_lens
     assert p.dtype == "bfloat16" and p.mode == "fwd_bwd" and p.approx
+    for raw in ("e4m3fn", "float8_e4m3fn"):  # FP8 K/V codes, the float8_ prefix optional
+        f8 = parse_shape(f"hq=8,hkv=2,sq=1,skv=64,d=64,kv_lens=1,kv={raw}", device_type="cpu", dtype="bfloat16")
+        assert f8.kv_dtype == "float8_e4m3fn"
     q = parse_shape("hq=8,sq=100,d=64", device_type="cpu", dtype="float16", mode="fwd_bwd")
     assert (q.batch, q.heads_kv, q.seqlen_kv, q.head_dim_v, q.dtype, q.mode) == (
         1,
