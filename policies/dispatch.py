@@ -287,13 +287,18 @@ def _new_slot(sig, fam: Optional[tuple], q, k, make_problem) -> Slot:
     slot = _reuse(sig, fam, q, k)
     if slot is not None:
         return slot
-    problem = make_problem()
+    return resolved_slot(sig, make_problem(), q.device, fam)
+
+
+def resolved_slot(sig, problem: AttentionProblem, device, fam: Optional[tuple] = None) -> Slot:
+    """The slot of ``sig`` with a plan resolved for ``problem`` under the runtime lock (unless another
+    thread stored one meanwhile), remembered for ``fam``'s other shapes."""
     rt = _runtime.get()
     with rt.lock:
         slot = SLOTS.get(sig)
         if slot is None:
-            plan, fresh = rt.resolve(problem, q.device)
-            slot = _store(sig, plan, fresh, q.device)
+            plan, fresh = rt.resolve(problem, device)
+            slot = _store(sig, plan, fresh, device)
             _remember(fam, slot)
     return slot
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from attntune.fp8 import check_scales
 from attntune.policies import runtime as _runtime
-from attntune.policies.dispatch import NO_WINDOW, _check_scalars, _store, check_kv_lens
+from attntune.policies.dispatch import NO_WINDOW, _check_scalars, check_kv_lens, resolved_slot
 from attntune.policies.policy import fallback_plan
 from attntune.policies.runtime import SLOTS, Slot
 from attntune.problem import problem_from_tensors, validate_qkv
@@ -91,14 +91,8 @@ def explain_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tenso
 
 
 def _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx) -> Slot:
-    problem = _fp8_problem(q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx)
-    rt = _runtime.get()
-    with rt.lock:
-        slot = SLOTS.get(sig)
-        if slot is None:
-            plan, fresh = rt.resolve(problem, q.device)
-            slot = _store(sig, plan, fresh, q.device)
-    return slot
+    return resolved_slot(sig, _fp8_problem(q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx),
+                         q.device)
 
 
 def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, k_scale, v_scale) -> Tensor:
