@@ -18,6 +18,10 @@ from typing import Tuple
 
 import torch
 
+#: the attribute of an FP8 code tensor that carries its float32 scales (set by attntune.hf_fp8's cache layers,
+#: read by the HF backend, attntune.hf)
+SCALE_ATTR = "_attntune_scale"
+
 #: the formats the decode kernel reads (e4m3fnuz: ROCm gfx942 — a code path, untested without an AMD GPU)
 FORMATS = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz")
                 if hasattr(torch, n))
@@ -113,4 +117,4 @@ def check_scales(k: torch.Tensor, k_scale, v_scale) -> None:
                              f"{tuple(sc.shape)}")
 
 
-__all__ = ["FORMATS", "scales", "quantize", "dequantize", "quantize_kv", "check_scales", "device_kv_reasons"]
+__all__ = ["SCALE_ATTR", "FORMATS", "scales", "quantize", "dequantize", "quantize_kv", "check_scales", "device_kv_reasons"]

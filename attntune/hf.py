@@ -44,6 +44,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from attntune.fp8 import SCALE_ATTR, dequantize
 from attntune.problem import DECODE_MAX_SQ
 
 NAME = "attntune"
@@ -103,7 +104,7 @@ def _fp8_scales(key: torch.Tensor, value: torch.Tensor):
     None for float K/V. Raise ``ValueError`` naming key/value for codes that carry no scales."""
     if key.element_size() != 1 and value.element_size() != 1:
         return None
-    ks, vs = getattr(key, "_attntune_scale", None), getattr(value, "_attntune_scale", None)
+    ks, vs = getattr(key, SCALE_ATTR, None), getattr(value, SCALE_ATTR, None)
     if ks is None or vs is None:
         raise ValueError(f"key/value: {key.dtype}/{value.dtype} codes without scales; an FP8 KV cache for the "
                          f"attntune backend is attntune.hf_fp8.FP8StaticCache")
@@ -114,8 +115,6 @@ def _widened(key: torch.Tensor, value: torch.Tensor, scales, dtype: torch.dtype)
     """FP8 codes as ``dtype`` values (``code * scale``), for readers of numbers (HF's SDPA path, float32)."""
     if scales is None:
         return key, value
-    from attntune.fp8 import dequantize
-
     return dequantize(key, scales[0]).to(dtype), dequantize(value, scales[1]).to(dtype)
 
 
@@ -165,12 +164,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return _hf_sdpa()(module, query, key, value,
                           _mask_from_lens(kv_lens, query.shape[2], key.shape[2], None), dropout=dropout,
                           scaling=scaling, sliding_window=sliding_window, **kwargs)
-    if scales is not None:
-        out = _API_ATTENTION(query, key, value, causal=bool(is_causal), window=window, scale=scaling,
-                             kv_lens=kv_lens, k_scale=scales[0], v_scale=scales[1])
-    else:
-        out = _API_ATTENTION(query, key, value, causal=bool(is_causal), window=window, scale=scaling,
-                             kv_lens=kv_lens)
+    k_scale, v_scale = scales if scales is not None else (None, None)
+    out = _API_ATTENTION(query, key, value, causal=bool(is_causal), window=window, scale=scaling,
+                         kv_lens=kv_lens, k_scale=k_scale, v_scale=v_scale)
     return out.transpose(1, 2).contiguous(), None
 
 

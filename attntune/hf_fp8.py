@@ -30,9 +30,7 @@ import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 
 from attntune import fp8
-
-#: the attribute of a code tensor that holds its ``[Hkv]`` float32 scales (read by attntune.hf)
-SCALE_ATTR = "_attntune_scale"
+from attntune.fp8 import SCALE_ATTR
 
 
 class FP8StaticLayer(StaticLayer):

@@ -12,15 +12,16 @@ Order of trials (each measured at most once per study, whatever the sampler prop
    tries a random untried config instead (so a small space is not wasted on repeats).
 4. *local refinement* — the last ``LOCAL_SHARE`` of a sampled budget goes to one-step moves of the
    incumbent (the fastest tunable config so far; :meth:`SearchSpace.moves`: one knob to an adjacent
-   value of its domain, or a tile knob and ``num_warps`` one step together), in seeded random order, re-centred whenever a move wins. With a budget of a few
+   value of its domain, or a tile knob and ``num_warps`` one step together), in seeded random order,
+   re-centred whenever a move wins. With a budget of a few
    trials over a space of hundreds TPE samples too thinly to refine what the warm start found: the
    budgeted winner of an H200 decode key re-timed 7 % slower than the best of a larger sample
    (``benchmarks/results/regret_h200_2026-12-03b_13keys.json``), with the better configs a few knobs
    away; with this step it was 0.5 % (``regret_h200.json``).
 
-5. *refine* (``SweepOptions.refine`` > 0; ``tune`` passes :data:`runner.DEFAULT_REFINE`, 12): after the budget, a hill climb — one-step moves
-   of the incumbent and its config on sibling variants (:meth:`SearchSpace.siblings`), re-centred
-   whenever a move wins — until every neighbour of the incumbent is measured (a local optimum: stored as
+5. *refine* (``SweepOptions.refine`` > 0; ``tune`` passes :data:`runner.DEFAULT_REFINE`, 12): after the
+   budget, a hill climb — one-step moves of the incumbent and its config on sibling variants
+   (:meth:`SearchSpace.siblings`), re-centred whenever a move wins — until every neighbour of the incumbent is measured (a local optimum: stored as
    such) or ``refine`` extra trials are spent. On the H200 the exhaustive best of both prefill window keys
    was one or two such steps from the 8-trial winner (14 % faster;
    ``benchmarks/results/regret_h200_2026-12-04_window.json``), which the budget tail's 2-3 random moves

@@ -14,18 +14,13 @@ from typing import List, Optional
 
 import torch
 
+from attntune.fp8 import dequantize
 from attntune.kernels import registry
 from attntune.kernels.base import Config, Variant
 from attntune.problem import KV_DTYPES, AttentionProblem
 
 #: where the widened K/V go, in order: the first that supports the problem with K/V in q's dtype
 SAFE = ("sdpa_default", "eager")
-
-
-def widen(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``codes * scale`` (float32 math, the reference semantics) in ``dtype``; ``scale`` is ``[1]`` or
-    ``[Hkv]``."""
-    return (codes.float() * scale.to(device=codes.device, dtype=torch.float32).view(1, -1, 1, 1)).to(dtype)
 
 
 class Fp8DequantVariant(Variant):
@@ -54,13 +49,23 @@ class Fp8DequantVariant(Variant):
                     continue
         return None
 
+    def bind(self, problem: AttentionProblem, config: Config):
+        """The inner variant, its problem and its bound call, chosen once per signature (not per call)."""
+        inner, wide = self._inner(problem)
+        inner_cfg = inner.space(wide).first()
+        inner_run = inner.bind(wide, inner_cfg)
+
+        def run(q, k, v, _problem, _config, kv_lens=None, k_scale=None, v_scale=None):
+            if k_scale is None or v_scale is None:
+                raise ValueError("k_scale/v_scale: required with FP8 K/V")
+            return inner_run(q, dequantize(k, k_scale).to(q.dtype), dequantize(v, v_scale).to(q.dtype), wide,
+                             inner_cfg, kv_lens)
+
+        return run
+
     def run(self, q, k, v, problem: AttentionProblem, config: Config, kv_lens: Optional[torch.Tensor] = None,
             k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if k_scale is None or v_scale is None:
-            raise ValueError("k_scale/v_scale: required with FP8 K/V")
-        inner, wide = self._inner(problem)
-        return inner.run(q, widen(k, k_scale, q.dtype), widen(v, v_scale, q.dtype), wide,
-                         inner.space(wide).first(), kv_lens)
+        return self.bind(problem, config)(q, k, v, problem, config, kv_lens, k_scale, v_scale)
 
 
 VARIANTS = [Fp8DequantVariant()]

@@ -112,7 +112,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         slot = _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad)
     if kv_lens is not None and _runtime.CHECK:
         check_kv_lens(kv_lens, k.shape[2])
-    n = slot.count()
+    n = slot.calls + 1
+    slot.calls = n
     if slot.every and n % slot.every == 0:
         return _sampled(sig, slot, q, k, v, kv_lens)
     try:
@@ -146,7 +147,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         return _torch_sdpa(query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
     if slot is None:
         slot = _dropin_slot(sig, query, key, value, is_causal, scale, enable_gqa, grad)
-    n = slot.count()
+    n = slot.calls + 1
+    slot.calls = n
     if slot.every and n % slot.every == 0:
         return _sampled(sig, slot, query, key, value, None)
     try:
@@ -358,7 +360,9 @@ def _dropin_slot(sig, q, k, v, is_causal, scale, enable_gqa, grad) -> Slot:
 
 
 # ---- failures and sampling (off the common path) ----------------------------------------------------
-def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens) -> Tensor:
+def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, *scales) -> Tensor:
+    """A planned call that raised: quarantine its variant and serve the call (and the signature's later
+    ones) from the safe fallback. ``scales``: an FP8 call's ``k_scale, v_scale``, passed on to every run."""
     plan = slot.plan
     if plan is None or plan.source == "fallback":
         raise error  # torch's own SDPA / the safe fallback failed: a real error, not ours to hide
@@ -372,7 +376,7 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens) -> Tensor:
         # fallback decides. If it refuses them too, the caller gets the error and nothing is quarantined.
         fb = fallback_plan(problem, plan.key, [], rt.quarantine)
         try:
-            out = fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens)
+            out = fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens, *scales)
         except Exception:  # noqa: BLE001 — the arguments' fault: the variant's error is the clearer one
             raise error from None
         rt.quarantine_plan(plan, error, problem)
@@ -384,7 +388,7 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens) -> Tensor:
         new.samples = slot.samples
         SLOTS[sig] = new
     try:
-        return new.fn(q, k, v, new.problem, new.config, kv_lens)
+        return new.fn(q, k, v, new.problem, new.config, kv_lens, *scales)
     except Exception as e2:
         raise e2 from error
 
@@ -472,7 +476,7 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor], ca
     sig, slot = _op_slot(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, needs_grad)
     if kv_lens is not None and _runtime.CHECK:
         check_kv_lens(kv_lens, k.shape[2])
-    slot.count()
+    slot.calls += 1
     return _run_slot(sig, slot, q, k, v, kv_lens).contiguous()
 
 

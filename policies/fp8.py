@@ -29,8 +29,7 @@ from torch import Tensor
 
 from attntune.fp8 import check_scales
 from attntune.policies import runtime as _runtime
-from attntune.policies.dispatch import NO_WINDOW, _check_scalars, check_kv_lens, resolved_slot
-from attntune.policies.policy import fallback_plan
+from attntune.policies.dispatch import NO_WINDOW, _check_scalars, _failed, check_kv_lens, resolved_slot
 from attntune.policies.runtime import SLOTS, Slot
 from attntune.problem import problem_from_tensors, validate_qkv
 
@@ -60,7 +59,7 @@ def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Ten
         slot = _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx)
     if kv_lens is not None and _runtime.CHECK:
         check_kv_lens(kv_lens, k.shape[2])
-    slot.count()
+    slot.calls += 1
     try:
         return slot.fn(q, k, v, slot.problem, slot.config, kv_lens, k_scale, v_scale)
     except Exception as e:  # noqa: BLE001 — quarantine and fall back; re-raised if the fallback fails
@@ -93,31 +92,6 @@ def explain_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tenso
 def _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx) -> Slot:
     return resolved_slot(sig, _fp8_problem(q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx),
                          q.device)
-
-
-def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, k_scale, v_scale) -> Tensor:
-    plan = slot.plan
-    if plan is None or plan.source == "fallback" or isinstance(error, (MemoryError, torch.OutOfMemoryError)):
-        raise error
-    rt = _runtime.get()
-    problem = slot.problem.resized(q.shape[0], q.shape[2], k.shape[2]) if slot.generic else slot.problem
-    if isinstance(error, (ValueError, TypeError)):  # perhaps the arguments' fault: the fallback decides
-        fb = fallback_plan(problem, plan.key, [], rt.quarantine)
-        try:
-            out = fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens, k_scale, v_scale)
-        except Exception:  # noqa: BLE001
-            raise error from None
-        rt.quarantine_plan(plan, error, problem)
-        return out
-    fb = rt.quarantine_plan(plan, error, problem)
-    with rt.lock:
-        new = Slot(fb, fb.impl.run, fb.problem, fb.config, 0, slot.device, slot.miss, slot.reported)
-        new.calls = slot.calls
-        SLOTS[sig] = new
-    try:
-        return new.fn(q, k, v, new.problem, new.config, kv_lens, k_scale, v_scale)
-    except Exception as e2:
-        raise e2 from error
 
 
 @torch.library.custom_op("attntune::attention_fp8", mutates_args=())

@@ -179,8 +179,10 @@ def fallback_plan(problem: AttentionProblem, key: Optional[TuneKey], why: Sequen
         if not r:
             return _make(name, None, "fallback", problem, key, notes + [f"safe fallback: {name}"])
         notes.append(f"{name}: {'; '.join(r)}")
-    # eager runs every exact problem; an FP8 K/V cache must be widened first (fp8_dequant)
-    name = "eager" if problem.kv_dtype is None else "fp8_dequant"
+    # the last of the chain that reads this problem's K/V: eager runs every exact problem in q's dtype,
+    # fp8_dequant every FP8 one (the registry's kv_dtypes say which)
+    readers = [n for n in FALLBACK_CHAIN if registry.exists(n) and not registry.kv_reasons(registry.get(n), problem)]
+    name = (readers or ["eager"])[-1]
     return _make(name, None, "fallback", problem, key, notes + [f"last resort: {name}"])
 
 

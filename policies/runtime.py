@@ -50,12 +50,6 @@ MAX_SAMPLES = 4096
 MAX_SLOTS = 65536
 
 
-# Guards every Slot's call count: ``calls += 1`` is a read and a write that another thread can interleave
-# (8 threads x 40 calls were counted as 318 on a loaded CPU). One lock for all slots, not one each: a
-# decode loop makes a slot per KV length, and each object a slot holds is one more for the collector.
-_COUNT_LOCK = threading.Lock()
-
-
 class Slot:
     """One call signature's decision and counters (see the module docstring)."""
 
@@ -69,6 +63,10 @@ class Slot:
         self.fn = fn              # fn(q, k, v, problem, config, kv_lens) -> out
         self.problem = problem
         self.config = config
+        # Counted on the hot path without a lock (a lock and a method call cost ~180 ns there): between
+        # the read and the write of ``calls`` there is no call and no backward jump, the points where
+        # CPython's GIL build switches threads. Counts were lost only when a slot that had served calls
+        # was replaced by another thread's for the same signature — slots are stored once (dispatch._put_once).
         self.calls = 0
         self.every = every        # sample latency every Nth call (0 = never)
         self.miss = miss          # served without an exact tuned row (counted for --from-misses)
@@ -83,13 +81,6 @@ class Slot:
         # is stored under each of their signatures; ``problem`` is then the family's first shape, and
         # the exact problem of a call is built only where one is needed (a failure's fallback)
         self.generic = generic
-
-    def count(self) -> int:
-        """Count one more call and return the new count (exact under threads)."""
-        with _COUNT_LOCK:
-            n = self.calls + 1
-            self.calls = n
-        return n
 
 
 #: the hot path's signature → Slot dict (one object for the life of the process; reset() clears it)

@@ -18,23 +18,8 @@ from attntune import fp8  # noqa: E402
 from attntune.hf_fp8 import FP8StaticCache, FP8StaticLayer  # noqa: E402
 from transformers.cache_utils import StaticCache, StaticLayer  # noqa: E402
 
-WINDOW = 4
-
-
-@pytest.fixture(autouse=True)
-def _setup():
-    attntune.hf.register()
-    attntune.reset()
-    yield
-    attntune.reset()
-
-
-def _config(kind: str):
-    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, eos_token_id=1)
-    if kind == "llama":
-        return transformers.LlamaConfig(**common)
-    return transformers.MistralConfig(sliding_window=WINDOW, **common)
+# the tiny models and the autouse set-up (register the backend, reset the runtime) of the HF backend tests
+from test_hf import WINDOW, _config, _setup  # noqa: E402,F401
 
 
 def _models(kind: str, impls, dtype=torch.float32, device="cpu"):
