@@ -16,8 +16,8 @@ import torch
 from attntune.kernels.base import Config, Space, Variant
 from attntune.kernels.launch_config import cached_parser
 from attntune.kernels.triton_common import block_d, device_reasons, dot_precision
-from attntune.kernels.triton_decode.launch import (SMEM_BLOCK_BUDGET, DecodeConfig, block_m, keys_per_program,
-                                                   kv_smem_bytes, prepare_decode)
+from attntune.kernels.triton_decode.launch import (SMEM_BLOCK_BUDGET, DecodeConfig, DecodeLaunch, block_m,
+                                                   keys_per_program, kv_smem_bytes, prepare_decode)
 from attntune.tolerances import tf32_allowed
 from attntune.problem import KV_DTYPES, AttentionProblem
 
@@ -30,9 +30,11 @@ MAX_SEQLEN_Q = 16
 #: step): one split 1.14-1.26x faster a step than the fused split at 256 and 512 KiB a program (KV 1024,
 #: D 64 and 128, B 1 and 8); at 1 MiB and more it is 3-10x slower (one program streams too little).
 EAGER_ONE_SPLIT_BYTES = 512 * 1024
-#: prepared launches one plan keeps (one per layout: a decode loop makes one per KV length); past this
-#: many they are dropped and re-prepared on use
+#: prepared launches one plan keeps (one per layout: a decode loop over contiguous caches makes one per KV
+#: length, their strides differ); past this many they are dropped and re-prepared on use
 MAX_LAUNCHES = 4096
+#: launches kept per layout for other length ranges (a loop alternating between caches of other lengths)
+MAX_SPARE = 4
 MAX_HEAD_DIM = 256
 #: fp32 accumulator + score elements one thread may hold before the kernel spills
 MAX_REGS_PER_THREAD = 192
@@ -154,20 +156,23 @@ class BoundDecode:
 
     The host path of a decode step is its speed (an eager step is host-bound). The runtime has validated
     the inputs' consistency (its family signature), so the public op's argument checks are skipped;
-    everything a launch needs besides the tensors — tile sizes, splits, grid, the kernels' specialization
-    keys and argument tails, the output's shape
+    everything a launch needs besides the tensors and the KV length — tile sizes, splits, grid, the
+    kernels' specialization keys and argument tails, the output's shape
     (:class:`~attntune.kernels.triton_decode.launch.DecodeLaunch`) — is prepared on the first call of each
-    *layout* and kept. A layout is what the prepared launch depends on that the plan does not fix: the
-    batch and lengths (q's shape, the KV length), whether a CUDA graph is being captured (eager calls may
+    *layout* and kept, and serves the layout's other KV lengths while their plan is the same
+    (:meth:`DecodeLaunch.covers`: a serving loop's views into one cache take one prepared launch per 64 to
+    128 lengths, and a sliding window full of keys one for every longer cache). A layout is what the
+    prepared launch depends on that the plan does not fix: the batch and query length (q's shape), Triton's
+    class of the KV length (divisible by 16), whether a CUDA graph is being captured (eager calls may
     run one split, see :meth:`TritonDecodeVariant.eager_config`, and eager split-K combines in the split
-    kernel: :data:`~attntune.kernels.triton_decode.launch.FUSED_REDUCE`), the strides of q/k/v, their pointers'
-    16-byte alignment, ``kv_lens``' dtype and alignment, and (float32 only) whether TF32 is allowed. The
-    output is allocated here (contiguous, the caching allocator's alignment), so its layout is fixed. The
-    mask, scale and config are the plan's: equal for every shape of the family (its signature holds the
-    canonical mask)."""
+    kernel: :data:`~attntune.kernels.triton_decode.launch.FUSED_REDUCE`), the strides of q/k/v, their
+    pointers' 16-byte alignment, ``kv_lens``' dtype and alignment, and (float32 only) whether TF32 is
+    allowed. The output is allocated here (contiguous, the caching allocator's alignment), so its layout
+    is fixed. The mask, scale and config are the plan's: equal for every shape of the family (its
+    signature holds the canonical mask)."""
 
     __slots__ = ("variant", "cfg", "causal", "window", "scale", "fp32", "cuda", "bytes_per_key", "launches",
-                 "last")
+                 "spare")
 
     def __init__(self, variant: TritonDecodeVariant, problem: AttentionProblem, config: Config):
         self.variant = variant
@@ -177,48 +182,74 @@ class BoundDecode:
         self.cuda = problem.device_type == "cuda"
         kv_size = (problem.torch_dtype if problem.kv_dtype is None else KV_DTYPES[problem.kv_dtype]).itemsize
         self.bytes_per_key = (problem.head_dim + problem.head_dim_v) * kv_size
-        self.launches = {}
-        self.last = {}  # the layout but the KV length -> the launch prepared last for it
+        self.launches = {}  # layout -> the launch that served it last
+        self.spare = {}     # layout -> the launches prepared for it, latest first (other length ranges)
 
     def __call__(self, q, k, v, problem: AttentionProblem, config: Config,
                  kv_lens: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
                  v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         capturing = q.is_cuda and _capturing()
         tf32 = tf32_allowed() if self.fp32 else True
-        layout = (q.shape, k.shape[2], capturing, tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16,
+        s = k.shape[2]
+        layout = (q.shape, s % 16 == 0, capturing, tf32, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16,
                   k.data_ptr() % 16, v.data_ptr() % 16,
                   None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16),
                   # FP8: one scale or one per head, and their alignment (the launch specializes on both)
                   None if k_scale is None else (k_scale.numel(), v_scale.numel(), k_scale.data_ptr() % 16,
                                                 v_scale.data_ptr() % 16))
         launch = self.launches.get(layout)
-        if launch is None:
-            return self._first(layout, q, k, v, kv_lens, capturing, tf32, k_scale, v_scale)
+        if launch is None or not launch.lo <= s <= launch.hi:  # the layout fixes the length's class
+            return self._first(layout, q, k, v, kv_lens, capturing, k_scale, v_scale)
         return launch.launch(q, k, v, kv_lens, q.new_empty(launch.out_shape), q.get_device(), k_scale, v_scale)
 
-    def _first(self, layout, q, k, v, kv_lens, capturing: bool, tf32: bool, k_scale=None,
-               v_scale=None) -> torch.Tensor:
-        """The first call of ``layout``: prepare its launch — from the last launch of the same layout
-        but another KV length when only the length argument differs (a serving loop's views into one
-        cache: :meth:`~attntune.kernels.triton_decode.launch.DecodeLaunch.with_length`), else in full."""
+    def _first(self, layout, q, k, v, kv_lens, capturing: bool, k_scale=None, v_scale=None) -> torch.Tensor:
+        """A call whose layout has no launch for its KV length yet: one of the layout's launches for other
+        length ranges (a loop that alternates between two caches), else a new one."""
         out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
         if out.numel() == 0:
             return out
-        cfg = self.cfg if capturing else self.variant.eager_config(self.cfg, q.shape[2], k.shape[2], self.window,
-                                                                   self.bytes_per_key, self.cuda)
-        other = (layout[0],) + layout[2:]  # the layout but the KV length
-        launch = self.last.get(other)
-        if launch is not None:
-            launch = launch.with_length(k.shape[2]) if launch.cfg is cfg else None
+        s = k.shape[2]
+        spare = self.spare.get(layout) or []
+        launch = next((x for x in spare if x.lo <= s <= x.hi), None)
         if launch is None:
-            launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, cfg, dot_precision(q.dtype),
-                                    self.window, k_scale, v_scale)
-        if len(self.launches) >= MAX_LAUNCHES:  # a long decode loop: one layout per length ever seen
-            self.launches.clear()
-            self.last.clear()
+            launch = self._prepare(q, k, v, kv_lens, out, capturing, k_scale, v_scale)
+            if len(self.launches) >= MAX_LAUNCHES:  # e.g. contiguous caches of ever new lengths: new strides
+                self.launches.clear()
+                self.spare.clear()
+            self.spare[layout] = [launch] + spare[:MAX_SPARE - 1]
         self.launches[layout] = launch
-        self.last[other] = launch
         return launch.launch(q, k, v, kv_lens, out, q.get_device(), k_scale, v_scale)
+
+    def _prepare(self, q, k, v, kv_lens, out, capturing: bool, k_scale, v_scale) -> DecodeLaunch:
+        """A launch for these inputs whose length range (:meth:`DecodeLaunch.covers`) keeps this call's
+        config too: an eager call's one-split choice (:meth:`TritonDecodeVariant.eager_config`) changes with
+        the length, so the range is cut where it would."""
+        s, sq = k.shape[2], q.shape[2]
+        if capturing:
+            return prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, self.cfg, dot_precision(q.dtype),
+                                  self.window, k_scale, v_scale)
+
+        def config(n: int) -> DecodeConfig:
+            return self.variant.eager_config(self.cfg, sq, n, self.window, self.bytes_per_key, self.cuda)
+
+        cfg = config(s)
+        launch = prepare_decode(q, k, v, kv_lens, out, self.causal, self.scale, cfg, dot_precision(q.dtype),
+                                self.window, k_scale, v_scale)
+        lo, hi = launch.lo, launch.hi
+        # the one-split choice is monotone in the length: find where it flips inside [lo, hi]
+        if config(hi) is not cfg:
+            top = s  # config(top) is cfg, config(hi) is not
+            while hi - top > 1:
+                mid = (top + hi) // 2
+                top, hi = (mid, hi) if config(mid) is cfg else (top, mid)
+            hi = top
+        if config(lo) is not cfg:
+            bottom = s
+            while bottom - lo > 1:
+                mid = (lo + bottom) // 2
+                lo, bottom = (lo, mid) if config(mid) is cfg else (mid, bottom)
+            lo = bottom
+        return launch if (lo, hi) == (launch.lo, launch.hi) else launch._replace(lo=lo, hi=hi)
 
 
 _capturing = torch.cuda.is_current_stream_capturing

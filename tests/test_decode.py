@@ -280,16 +280,17 @@ def test_plan_cached_by_tile_counts_equals_the_direct_plan():
         assert p.eager_fused == (p.splits > 1 and kv_bytes <= launch.EAGER_FUSE_MAX_BYTES)
 
 
-def test_with_length_equals_a_full_prepare():
-    """DecodeLaunch.with_length (a serving loop's new length over views into one cache) gives exactly the
-    launch prepare_decode would — kernel keys, grid, argument tails — or None where the plan or Triton's
-    specialization of the length changes; for odd lengths, windows, configs, GQA shapes and kv_lens."""
+def test_a_prepared_launch_serves_its_length_range_as_a_full_prepare_would():
+    """A DecodeLaunch serves the KV lengths it covers (a serving loop's views into one cache, a new length
+    every step) exactly as prepare_decode would launch them — kernel keys, grid, argument tails, range —
+    and its plan is the same over the whole range; for odd lengths, windows, configs, GQA shapes and
+    kv_lens. A length of 1 is served only by its own launch."""
     rng = random.Random(11)
     hits = 0
     for _ in range(300):
         B, Hkv, g, Sq = rng.choice((1, 3, 64)), rng.choice((1, 2)), rng.choice((1, 4, 7)), rng.randint(1, 16)
         D = rng.choice((16, 40, 64))
-        S0 = rng.randint(1, 3000)
+        S0 = rng.choice((1, rng.randint(1, 3000)))
         S1 = max(1, min(3000, S0 + rng.randint(-200, 200)))
         buf = torch.empty(B, Hkv, 3000, D, dtype=torch.float16)
         q = torch.empty(B, Hkv * g, Sq, D, dtype=torch.float16)
@@ -300,14 +301,38 @@ def test_with_length_equals_a_full_prepare():
         window = rng.choice((None, (rng.randint(0, 2000), rng.choice((-1, 0, 3)))))
         args = (causal, 0.3, cfg, "tf32", window)
         first = launch.prepare_decode(q, buf[:, :, :S0], buf[:, :, :S0], lens, out, *args)
+        assert first.covers(S0) and (first.lo == 1) == (S0 == 1)
+        plan = functools.partial(launch.plan_launch, B, Hkv * g, Sq, D, Hkv)
+        for s in {first.lo, first.hi, (first.lo + first.hi) // 2, S0} - {2**31 - 1}:
+            assert plan(s, D, 2, 132, 228 * 1024, cfg, causal, window) == first.plan, (S0, s, first.lo, first.hi)
         full = launch.prepare_decode(q, buf[:, :, :S1], buf[:, :, :S1], lens, out, *args)
-        got = first.with_length(S1)
-        if got is None:
-            assert full.plan != first.plan or launch.int_class(S1) != launch.int_class(S0), (B, Hkv, g, Sq, D, S0, S1)
-        else:
-            assert got == full, (B, Hkv, g, Sq, D, S0, S1, cfg, window)
+        if first.covers(S1):
+            assert full == first, (B, Hkv, g, Sq, D, S0, S1, cfg, window)
             hits += 1
+        else:  # another range, or Triton's other class of the length
+            assert not first.lo <= S1 <= first.hi or (S1 % 16 == 0) != (S0 % 16 == 0) or 1 in (S0, S1)
     assert hits > 100
+
+
+def test_an_eager_launch_range_stops_where_the_one_split_choice_flips():
+    """Eager calls run one split up to EAGER_ONE_SPLIT_BYTES a program (TritonDecodeVariant.eager_config):
+    a prepared eager launch serves only lengths of its own choice, the cut found exactly."""
+    from attntune.kernels import triton_decode_variant as tdv
+
+    variant = registry.get("triton_decode")
+    problem = AttentionProblem(batch=1, heads_q=8, heads_kv=2, seqlen_q=1, seqlen_kv=4000, head_dim=80,
+                               head_dim_v=80, dtype="bfloat16", causal=True, device_type="cuda")
+    bound = tdv.BoundDecode(variant, problem, {"BLOCK_N": 16, "num_splits": 0, "num_warps": 4, "num_stages": 0})
+    flip = tdv.EAGER_ONE_SPLIT_BYTES // bound.bytes_per_key  # the longest one-split cache: 3276 keys
+    q = torch.empty(1, 8, 1, 80, dtype=torch.bfloat16)
+    buf = torch.empty(1, 2, 4000, 80, dtype=torch.bfloat16)
+    for s in (flip - 5, flip, flip + 1, flip + 3):
+        natural = launch.length_range(1, s, True, None, 16)
+        assert natural[0] < flip < natural[1]  # the cut falls inside the plan's own range
+        got = bound._prepare(q, buf[:, :, :s], buf[:, :, :s], None, q.new_empty(1, 8, 1, 80), False, None, None)
+        one = s <= flip
+        assert (got.cfg.num_splits == 1) == one
+        assert (got.lo, got.hi) == ((natural[0], flip) if one else (flip + 1, natural[1])), (s, got.lo, got.hi)
 
 
 def test_plan_follows_the_window():

@@ -839,22 +839,26 @@ def _gqa_ref(q, k, v):
 
 def test_decode_family_is_served_by_one_slot_and_one_prepared_launch_per_plan(monkeypatch):
     """A decode loop (views into one cache, a new KV length every call) keeps one slot for its family and
-    prepares one launch per split plan: the other lengths re-use it with the new length argument. A new
-    tensor (HF's torch.cat cache: other strides) and another batch of the same bucket take the same slot."""
+    prepares one launch per split plan and class of the length: the other lengths launch it with their
+    length. A new tensor (HF's torch.cat cache: other strides) and another batch of the same bucket take
+    the same slot."""
     from attntune.kernels import triton_decode_variant as tdv
-    from attntune.kernels.triton_decode.launch import DecodeLaunch
 
     _decode_family_env(monkeypatch)
-    prepared, relengths = [], []
-    real_prepare, real_with_length = tdv.prepare_decode, DecodeLaunch.with_length
+    prepared = []
+    real_prepare = tdv.prepare_decode
     monkeypatch.setattr(tdv, "prepare_decode", lambda *a, **kw: prepared.append(a[1].shape[2]) or real_prepare(*a, **kw))
-    monkeypatch.setattr(DecodeLaunch, "with_length", lambda self, s: relengths.append(s) or real_with_length(self, s))
     q, kbuf, vbuf = rand_qkv(2, 4, 2, 1, 400, 16)
     lengths = list(range(321, 336))  # one tile count, one split plan, none divisible by 16 (Triton's class)
     for n in lengths:
         out = attntune.attention(q, kbuf[:, :, :n], vbuf[:, :, :n], causal=True)
         torch.testing.assert_close(out, _gqa_ref(q, kbuf[:, :, :n], vbuf[:, :, :n]), atol=3e-5, rtol=1e-5)
-    assert prepared == [321] and relengths == lengths[1:]
+    assert prepared == [321]
+    for n in (300, 330, 301):  # another range, back to the first (kept), the second again: no new launch
+        torch.testing.assert_close(attntune.attention(q, kbuf[:, :, :n], vbuf[:, :, :n], causal=True),
+                                   _gqa_ref(q, kbuf[:, :, :n], vbuf[:, :, :n]), atol=3e-5, rtol=1e-5)
+    assert prepared == [321, 300]
+    lengths += [300, 301]
     k2, v2 = kbuf[:, :, :350].clone(), vbuf[:, :, :350].clone()  # contiguous: other strides
     torch.testing.assert_close(attntune.attention(q, k2, v2, causal=True), _gqa_ref(q, k2, v2), atol=3e-5, rtol=1e-5)
     q3, k3, v3 = rand_qkv(17, 4, 2, 1, 340, 16, seed=5)  # batches 17..24 share a bucket
@@ -866,7 +870,7 @@ def test_decode_family_is_served_by_one_slot_and_one_prepared_launch_per_plan(mo
     slots = {id(s): s for s in runtime.SLOTS.values()}
     assert len(runtime.SLOTS) == len(lengths) + 3 and len(slots) == 2  # B=2 and B=17..24: two families
     plans = attntune.stats()["plans"]
-    assert sorted(p["calls"] for p in plans) == [2, len(lengths) + 1]
+    assert sorted(p["calls"] for p in plans) == [2, len(lengths) + 2]  # + the contiguous call, + 330 again
     assert all(p["family"] and p["variant"] == "triton_decode" for p in plans)
 
 

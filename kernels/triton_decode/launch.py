@@ -19,10 +19,11 @@ import torch
 from attntune.kernels.launch_config import LaunchConfig, at_least, knob, pow2_at_least, warps_valid
 from attntune.kernels.triton_common import LOG2E, MIN_BLOCK, ON_ROCM, block_d, next_pow2
 from attntune.kernels.triton_decode.jit import decode_reduce_kernel, decode_split_kernel
-from attntune.kernels.triton_launch import FastKernel, int_class
+from attntune.kernels.triton_launch import FastKernel
 from attntune.problem import canonical_mask, validate_window
 
 MAX_SPLITS = 64
+_INT32_MAX = 2**31 - 1
 #: the fewest keys "auto" gives one split: below this a program's fixed cost (loading Q, writing a
 #: partial row per query row) outweighs the bandwidth it adds (H200: 8 splits of 128 keys beat 4 of 256
 #: at B=1, KV=1024)
@@ -125,6 +126,41 @@ def keys_per_program(s_max: int, seqlen_q: int, left: Optional[int]) -> int:
     """The most keys one program reads: ``S_max``, or under a left bound ``l`` the keys
     ``[L - Sq - l, L)`` that rows ``0..Sq-1`` reach, ``min(S_max, l + Sq)``."""
     return s_max if left is None or left < 0 else min(s_max, left + seqlen_q)
+
+
+def length_range(seqlen_q: int, s_max: int, causal: bool, window: Optional[Tuple[int, int]],
+                 block_n: int) -> Tuple[int, int]:
+    """The KV lengths ``[lo, hi]`` around ``s_max`` (``lo <= s_max <= hi``) over which every input of
+    :func:`_plan` that depends on the length keeps its value: the mask's bounds (:func:`mask_bounds`),
+    the split chunk count and the tile count of the span (:func:`keys_per_program`). A launch prepared
+    for ``s_max`` serves each of them with only the length argument changed — a decode loop's new
+    length costs no planning (Triton's class of the length is the caller's to check).
+
+    Without a left bound the span is the length, so the range is where its tile count
+    (``BLOCK_N`` keys) and chunk count (``max(BLOCK_N, MIN_KEYS_PER_SPLIT)`` keys) hold. A left bound
+    ``l`` exists only from ``S = l + 2`` on (below, it admits every key: :func:`mask_bounds`) and caps
+    the span at ``l + Sq``: from ``max(l + Sq, l + 2)`` on, nothing depends on the length any more.
+
+    >>> length_range(1, 1500, True, None, 64)          # tiles of 64 and chunks of 128 keys
+    (1473, 1535)
+    >>> length_range(1, 5000, True, (1023, -1), 64)    # a sliding window full of keys: every longer cache
+    (1025, 2147483647)
+    >>> length_range(1, 1000, True, (1023, -1), 64)    # still shorter than the window
+    (961, 1023)
+    """
+    left = mask_bounds(causal, window, seqlen_q, _INT32_MAX)[0]  # the left bound of long enough caches
+    lo, hi = 1, _INT32_MAX
+    if left is not None:
+        saturated = max(left + seqlen_q, left + 2)
+        if s_max >= saturated:
+            return saturated, _INT32_MAX
+        if s_max <= left + 1:
+            hi = left + 1
+        else:
+            lo, hi = left + 2, saturated - 1
+    m = max(block_n, MIN_KEYS_PER_SPLIT)
+    chunks, tiles = s_max // m, -(-s_max // block_n)
+    return max(lo, chunks * m, (tiles - 1) * block_n + 1), min(hi, (chunks + 1) * m - 1, tiles * block_n)
 
 
 def auto_num_splits(programs: int, seqlen_kv: int, sms: int, block_n: int) -> int:
@@ -335,8 +371,6 @@ _WORKSPACE: Dict[Tuple[int, int], torch.Tensor] = {}
 _DEFAULT_STREAMS = (0, 2)
 WORKSPACE_CACHE_BYTES = 64 << 20
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-#: where the split kernel's argument tail holds S_max: after the 16 strides of q, k, v, out and Hkv, group, Sq
-_TAIL_S_MAX = 19
 
 
 def _keep_key(dev_idx: int) -> Optional[Tuple[int, int]]:
@@ -402,17 +436,19 @@ def _stride_classes(*strides: int) -> tuple:
 
 
 class DecodeLaunch(NamedTuple):
-    """One launch of the decode op with every argument but the tensors fixed: what
-    :func:`prepare_decode` derives from the shapes, strides, alignments, mask and config. Calls of equal
-    layout (a decode loop's layers, a repeated shape) launch from it with two tuple concatenations and
-    one or two calls of the compiled kernels (:meth:`launch`)."""
+    """One launch of the decode op with every argument but the tensors and the KV length fixed: what
+    :func:`prepare_decode` derives from the shapes, strides, alignments, mask and config. It serves every
+    KV length in ``[lo, hi]`` of Triton's class of the one it was prepared for (:meth:`covers`): a decode
+    loop over views into one cache (a new length every step) and a repeated shape launch from it with
+    one tuple and one or two calls of the compiled kernels (:meth:`launch`)."""
 
     grid: Tuple[int, int, int]
     split: bool
     fused: bool         # split, with the reduction in the split kernel's last program (FUSED_REDUCE)
     ws_numel: int       # float32 partials (O then LSE) when split, else 0
     key: tuple          # the split kernel's FastKernel key (everything Triton specializes on)
-    tail: tuple         # its arguments after (q, k, v, kv_lens, ws, out)
+    head: tuple         # its arguments after (q, k, v, kv_lens, ws, out, sem, k_scale, v_scale): the strides,
+    rest: tuple         # ... S_max (k_cache.shape[2] at each launch), then these
     num_warps: int
     num_stages: int
     rgrid: Tuple[int, int, int]
@@ -422,13 +458,17 @@ class DecodeLaunch(NamedTuple):
     out_shape: Tuple[int, int, int, int]  # [B, Hq, Sq, Dv]
     plan: LaunchPlan
     plan_args: tuple    # plan_launch's arguments but S_max, in its order (B, Hq, Sq, D, Hkv, Dv, ..., window)
+    lo: int             # the KV lengths this launch serves: [lo, hi] (length_range; 1 only for a length of 1)
+    hi: int
+    div16: bool         # ... of Triton's class of the length it was prepared for: divisible by 16, or not
 
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                kv_lens: Optional[torch.Tensor], out: torch.Tensor, dev_idx: int,
                k_scale: Optional[torch.Tensor] = None,
                v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Launch into ``out`` (allocated with the layout this launch was prepared for). The partials
-        buffer comes from :func:`_workspace` (its alignment is the caching allocator's: 512 bytes)."""
+        """Launch into ``out`` (allocated with the layout this launch was prepared for) over the KV tensors'
+        length (one :meth:`covers`). The partials buffer comes from :func:`_workspace` (its alignment is
+        the caching allocator's: 512 bytes)."""
         ws = sem = out
         if self.split:
             keep = _keep_key(dev_idx)
@@ -439,7 +479,8 @@ class DecodeLaunch(NamedTuple):
         # without scales any pointer stands in (never read: HAS_SCALE is False)
         ksc = out if k_scale is None else k_scale
         vsc = out if v_scale is None else v_scale
-        _SPLIT(self.key, self.grid, (q, k_cache, v_cache, kv_lens, ws, out, sem, ksc, vsc) + self.tail,
+        _SPLIT(self.key, self.grid, (q, k_cache, v_cache, kv_lens, ws, out, sem, ksc, vsc, *self.head,
+                                     k_cache.shape[2], *self.rest),
                self.num_warps, self.num_stages, dev_idx)
         if self.split and not self.fused:
             _REDUCE(self.rkey, self.rgrid, (ws, out) + self.rtail, self.reduce_warps, None, dev_idx)
@@ -450,18 +491,11 @@ class DecodeLaunch(NamedTuple):
         """The config this launch was prepared with (``plan_args`` holds plan_launch's arguments)."""
         return self.plan_args[9]
 
-    def with_length(self, s_max: int) -> Optional["DecodeLaunch"]:
-        """This launch for KV tensors of another length ``s_max`` and the same strides (views into one
-        longer cache: a serving loop's step), or None where the length changes more than the length
-        argument — the plan (splits, stages, mask bounds: :func:`plan_launch`) or Triton's specialization
-        of it (:func:`~attntune.kernels.triton_launch.int_class`). Equal to :func:`prepare_decode`'s
-        launch for those tensors, at a fraction of its host time (a new length is part of every step)."""
-        a = self.plan_args
-        p = plan_launch(a[0], a[1], a[2], a[3], a[4], s_max, a[5], a[6], a[7], a[8], a[9], a[10], a[11])
-        t = self.tail
-        if (p is not self.plan and p != self.plan) or int_class(s_max) != int_class(t[_TAIL_S_MAX]):
-            return None
-        return self._replace(tail=t[:_TAIL_S_MAX] + (s_max,) + t[_TAIL_S_MAX + 1:])
+    def covers(self, s_max: int) -> bool:
+        """Whether this launch serves KV tensors of length ``s_max`` (and this launch's strides): the plan
+        is the same (:func:`length_range`) and so is Triton's class of the length (divisible by 16 or not;
+        a length of 1, a class of its own, gets a launch whose range is itself)."""
+        return self.lo <= s_max <= self.hi and (s_max % 16 == 0) == self.div16
 
 
 def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -503,8 +537,8 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
            # FP8: the caches' code type, the scales' alignment and per-head stride (0/1: specialized)
            (k_cache.dtype, v_cache.dtype, k_scale.data_ptr() % 16 == 0, v_scale.data_ptr() % 16 == 0,
             ksc_stride, vsc_stride) if has_scale else None)
-    tail = (*qs, *ks, *vs, *os_,  # S_max at _TAIL_S_MAX (DecodeLaunch.with_length replaces it)
-            Hkv, Hq // Hkv, Sq, S_max, D, Dv, p.splits, lse_off, p.win_left, p.win_right, scale * LOG2E,
+    head = (*qs, *ks, *vs, *os_, Hkv, Hq // Hkv, Sq)  # then S_max, read from k_cache at each launch
+    rest = (D, Dv, p.splits, lse_off, p.win_left, p.win_right, scale * LOG2E,
             ksc_stride, vsc_stride,
             kv_lens is not None, split, fused, has_scale,  # HAS_LENS, SPLIT, FUSED, HAS_SCALE
             p.has_left, p.has_right,  # HAS_LEFT/RIGHT
@@ -514,9 +548,12 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         rkey = (p.block_s, p.block_dv, p.reduce_warps, out.dtype, Dv, True, out.data_ptr() % 16 == 0,
                 _stride_classes(*os_, lse_off))
         rtail = (*os_, Hq, Sq, Dv, p.splits, lse_off, p.block_s, p.block_dv)
-    return DecodeLaunch(p.grid, split, fused, rows * p.splits * (Dv + 1) if split else 0, key, tail, p.num_warps,
-                        p.num_stages, (rows, 1, 1), rkey, rtail or (), p.reduce_warps, (B, Hq, Sq, Dv), p,
-                        plan_args)
+    # the lengths that share this launch: same plan inputs (length_range), same Triton class (a length of 1
+    # is a class of its own; a length past int32 changes the argument's width)
+    lo, hi = length_range(Sq, S_max, bool(causal), window, cfg.BLOCK_N) if S_max > 1 else (1, 1)
+    return DecodeLaunch(p.grid, split, fused, rows * p.splits * (Dv + 1) if split else 0, key, head, rest,
+                        p.num_warps, p.num_stages, (rows, 1, 1), rkey, rtail or (), p.reduce_warps, (B, Hq, Sq, Dv),
+                        p, plan_args, max(lo, 2) if S_max > 1 else 1, min(hi, _INT32_MAX), S_max % 16 == 0)
 
 
 def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
