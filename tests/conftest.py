@@ -11,6 +11,10 @@ HAS_GPU = torch.cuda.is_available()
 os.environ.setdefault("COLUMNS", "250")
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import interp_fp8  # noqa: E402 — tests/ is on sys.path (helpers.py is imported the same way)
+
+    interp_fp8.install()  # float -> FP8 casts as the GPUs round them (see the module)
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,21 @@ launcher). The key axis of a query block is split into at most three ranges of w
 
 and only blocks inside [lo, hi) are visited at all, so a window of width W costs O(S*W) (block
 skipping). Softmax runs in base 2 with ``qk_scale = scale * log2(e)`` folded into one FMA.
+
+FP8 K/V (``FP8``, inference only): K and V hold float8 codes with float32 scales per kv head (``[Hkv]``,
+or one for the tensor: stride 0), the real keys being ``K * k_scale[hkv]`` and values ``V * v_scale[hkv]``.
+Both dots run on FP8 tensor cores, FlashAttention-3's way:
+
+* Q (16-bit) is quantised to K's format once per program, **per row**: ``q8[i] = q[i] / s_i`` with
+  ``s_i = amax(|q[i]|) / FP8_MAX``; since row ``i`` of ``Q K^T`` is ``s_i * (q8[i] . k8[j]) * k_scale``,
+  ``s_i`` multiplies the scores row-wise and ``k_scale`` folds into ``qk_scale``;
+* P (in [0, 1] after the running max) is quantised with the fixed scale ``FP8_MAX`` (``P * FP8_MAX`` spans
+  the format's range; e4m3 then keeps P down to about 4e-6 relative to the row's largest weight); the
+  accumulator is divided by ``FP8_MAX`` and multiplied by ``v_scale`` once at the end. The row sums ``l``
+  are of the unquantised P, as FA3 does.
+
+The error against attention over the dequantised K/V is the quantisation of q and P (about 2^-4
+relative per element for e4m3): :data:`attntune.tolerances.FP8_FWD`.
 """
 
 import triton
@@ -106,6 +121,7 @@ def _fwd_kv_loop(
     desc_v,
     off_b,
     off_hk,
+    q_rs,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr,
@@ -115,11 +131,14 @@ def _fwd_kv_loop(
     DOT_PREC: tl.constexpr,
     DESC: tl.constexpr,
     WS: tl.constexpr,
+    FP8: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     """Online softmax over key blocks [start, end) (step BLOCK_N). acc [BM, BD] fp32, l_i/m_i [BM] fp32
     (m_i in log2 units, already scaled). With ``DESC`` K/V tiles come through the 4-D tensor descriptors
     ``desc_k``/``desc_v`` ([B, Hkv, Skv, D], block [1, 1, BN, BD]: TMA on sm_90, zero fill past Skv and D);
-    ``WS`` warp-specializes the loop (producer warps issue the loads)."""
+    ``WS`` warp-specializes the loop (producer warps issue the loads). With ``FP8`` q and the K/V tiles are
+    codes, ``q_rs`` [BM] the rows' q scales, and P goes to the PV dot as codes of ``P * FP8_MAX``."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
@@ -136,6 +155,8 @@ def _fwd_kv_loop(
                 EVEN_D,
             )
         qk = tl.dot(q, kt, input_precision=DOT_PREC)  # [BM, BN] fp32
+        if FP8:
+            qk = qk * q_rs[:, None]  # each row's q scale (k's is in qk_scale)
         if MASKED:
             ok = col_ok[None, :]
             diag = offs_m + diag_off
@@ -165,7 +186,10 @@ def _fwd_kv_loop(
                 MASKED,
                 EVEN_D,
             )
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+        if FP8:
+            acc = tl.dot((p * FP8_MAX).to(v.dtype), v, acc)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -206,6 +230,10 @@ def flash_fwd_kernel(
     desc_k,
     desc_v,
     desc_o,
+    K_SCALE,  # FP8: float32 dequantisation scales of K/V per kv head (read only when FP8)
+    V_SCALE,
+    stride_ksc,  # 1: a scale per kv head; 0: one for the tensor
+    stride_vsc,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -215,6 +243,8 @@ def flash_fwd_kernel(
     DOT_PREC: tl.constexpr,
     DESC: tl.constexpr,
     WS: tl.constexpr,
+    FP8: tl.constexpr,  # K/V are float8 codes (module docstring); q is 16-bit, quantised here
+    FP8_MAX: tl.constexpr,  # the largest finite value of K/V's format (448.0 for e4m3fn)
 ):
     """Grid: 1-D, cdiv(Sq, BLOCK_M) * B * Hq programs (1-D so that B*Hq may exceed 65535).
     Q [B,Hq,Sq,D], K/V [B,Hkv,Skv,D], O [B,Hq,Sq,D] with any strides; LSE [B,Hq,Sq] contiguous fp32.
@@ -252,6 +282,16 @@ def flash_fwd_kernel(
             EVEN_D,
         )
 
+    if FP8:
+        # q to K's format, one scale per row (module docstring); an all-zero row keeps scale 1
+        qf = q.to(tl.float32)
+        q_amax = tl.max(tl.abs(qf), 1)
+        q_rs = tl.where(q_amax > 0.0, q_amax / FP8_MAX, 1.0)
+        q = (qf / q_rs[:, None]).to(K.dtype.element_ty)
+        qk_scale = qk_scale * tl.load(K_SCALE + off_hk * stride_ksc)
+    else:
+        q_rs = 1.0
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -285,6 +325,7 @@ def flash_fwd_kernel(
             desc_v,
             off_b,
             off_hk,
+            q_rs,
             BLOCK_N,
             BLOCK_D,
             True,
@@ -294,6 +335,8 @@ def flash_fwd_kernel(
             DOT_PREC,
             DESC,
             False,
+            FP8,
+            FP8_MAX,
         )
     acc, l_i, m_i = _fwd_kv_loop(
         acc,
@@ -320,6 +363,7 @@ def flash_fwd_kernel(
         desc_v,
         off_b,
         off_hk,
+        q_rs,
         BLOCK_N,
         BLOCK_D,
         False,
@@ -329,6 +373,8 @@ def flash_fwd_kernel(
         DOT_PREC,
         DESC,
         WS,
+        FP8,
+        FP8_MAX,
     )
     acc, l_i, m_i = _fwd_kv_loop(
         acc,
@@ -355,6 +401,7 @@ def flash_fwd_kernel(
         desc_v,
         off_b,
         off_hk,
+        q_rs,
         BLOCK_N,
         BLOCK_D,
         True,
@@ -364,12 +411,18 @@ def flash_fwd_kernel(
         DOT_PREC,
         DESC,
         False,
+        FP8,
+        FP8_MAX,
     )
 
     # rows that admitted no key: l = 0 -> output 0 and LSE -inf (FlashAttention's convention), no NaN
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    if FP8:
+        # P went in as codes of P * FP8_MAX; V's scale multiplies the output linearly
+        out = acc * (tl.load(V_SCALE + off_hk * stride_vsc) / FP8_MAX) / l_safe[:, None]
+    else:
+        out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     tl.store(LSE + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
     if DESC:

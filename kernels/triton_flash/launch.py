@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from attntune.fp8 import FORMATS as FP8_FORMATS
+from attntune.fp8 import check_scales
 from attntune.kernels.triton_common import LOG2E, block_d, dot_precision
 from attntune.kernels.triton_flash import jit_bwd, jit_fwd
 from attntune.kernels.triton_flash.config import FlashBwdConfig, FlashFwdConfig
@@ -56,13 +58,28 @@ def mask_args(
     return MaskArgs(off, max(left, 0), max(right, 0), left >= 0, right >= 0)
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale=None, v_scale=None) -> None:
+    """``ValueError`` naming the argument. FP8 K/V (codes of one format, both scales given: see
+    :func:`attntune.fp8.check_scales`) take a float16/bfloat16 q; otherwise q, k, v share one dtype."""
+    fp8 = k.dtype in FP8_FORMATS or v.dtype in FP8_FORMATS
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"{name}: expected [B, H, S, D], got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPES:
-            raise ValueError(f"{name}: dtype {t.dtype} not supported (float16, bfloat16, float32)")
-    if not (q.dtype == k.dtype == v.dtype):
+        if t.dtype not in _DTYPES and not (fp8 and name != "q" and t.dtype in FP8_FORMATS):
+            raise ValueError(f"{name}: dtype {t.dtype} not supported (float16, bfloat16, float32"
+                             + (", or FP8 codes with k_scale/v_scale)" if name != "q" else ")"))
+    if fp8:
+        if k.dtype != v.dtype:
+            raise ValueError(f"k/v: FP8 codes must share one format, got {k.dtype} and {v.dtype}")
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"q: with FP8 k/v q must be float16 or bfloat16, got {q.dtype}")
+        if k_scale is None or v_scale is None:
+            raise ValueError(f"{'k_scale' if k_scale is None else 'v_scale'}: required with FP8 k/v ({k.dtype})")
+        check_scales(k, k_scale, v_scale)
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError(f"{'k_scale' if k_scale is not None else 'v_scale'}: only FP8 k/v take scales "
+                         f"(k is {k.dtype})")
+    elif not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"k/v: dtype must match q ({q.dtype}), got {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"k/v: device must match q ({q.device})")
@@ -102,9 +119,12 @@ def _descriptors(q, k, v, o, bm: int, bn: int, bd: int):
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float, config: FlashFwdConfig
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float, config: FlashFwdConfig,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """o [B, Hq, Sq, D] (q's dtype, q's layout when dense), lse [B, Hq, Sq] fp32 (natural log)."""
+    """o [B, Hq, Sq, D] (q's dtype, q's layout when dense), lse [B, Hq, Sq] fp32 (natural log).
+    ``k_scale``/``v_scale`` (checked by :func:`check_inputs`): k/v are FP8 codes and both dots run in
+    their format (:mod:`.jit_fwd`)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     o = _empty_like(q)  # keeps q's memory layout (e.g. [B, S, H, D] transposed views)
@@ -134,6 +154,10 @@ def forward(
         mask.win_right,
         sm_scale * LOG2E,
         *(descs or (None,) * 4),
+        k_scale,
+        v_scale,
+        0 if k_scale is None or k_scale.numel() == 1 else 1,
+        0 if v_scale is None or v_scale.numel() == 1 else 1,
         BLOCK_M=BM,
         BLOCK_N=BN,
         BLOCK_D=BD,
@@ -145,6 +169,8 @@ def forward(
         # 4 warps do not compile with Triton 3.6's warp specialization (see space.constraint_reasons): a
         # config given by hand that asks for it takes the plain descriptor loop (LOADS is a preference)
         WS=descs is not None and config.LOADS == 2 and config.num_warps >= 8,
+        FP8=k_scale is not None,
+        FP8_MAX=float(torch.finfo(k.dtype).max) if k_scale is not None else 0.0,
         **config.launch_opts(),
     )
     return o, lse

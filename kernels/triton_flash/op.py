@@ -41,6 +41,8 @@ def flash_attention(
     config: Optional[Union[dict, FlashFwdConfig, FlashTrainConfig]] = None,
     bwd_config: Optional[Union[dict, FlashBwdConfig]] = None,
     return_lse: bool = False,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
 ):
     """Exact softmax attention with Triton flash kernels (forward and backward).
 
@@ -61,6 +63,12 @@ def flash_attention(
             ``{BWD_BLOCK_M, BWD_BLOCK_N, BWD_WARPS, BWD_STAGES}``; ``None`` = the default (or the
             backward of a :class:`FlashTrainConfig` ``config``).
         return_lse: also return the log-sum-exp.
+        k_scale, v_scale: with k/v as FP8 codes (``float8_e4m3fn``/``float8_e5m2``, one format; q float16
+            or bfloat16): float32 scales, ``[Hkv]`` (per kv head) or ``[1]``; the real keys are
+            ``k.float() * k_scale[hkv]``, the values likewise. Inference only (no gradients). Both dots run
+            on FP8 tensor cores: q is quantised to k's format per row and the probabilities with a fixed
+            scale (:mod:`.jit_fwd`), so the output is within :data:`attntune.tolerances.FP8_FWD` of
+            attention over the dequantised K/V, not within q's dtype's tolerance.
 
     Mask semantics (exactly those of :mod:`attntune.problem`): with ``off = Skv - Sq`` for
     ``bottom_right`` and ``0`` for ``top_left``, query row ``i`` attends key ``j`` iff
@@ -78,7 +86,7 @@ def flash_attention(
         ``o [B, Hq, Sq, D]`` in q's dtype; with ``return_lse`` also ``lse [B, Hq, Sq]`` float32
         (natural log, not differentiable).
     """
-    launch.check_inputs(q, k, v)
+    launch.check_inputs(q, k, v, k_scale, v_scale)
     D = q.shape[-1]
     mask = launch.mask_args(q.shape[2], k.shape[2], causal, causal_align, window)
     sm_scale = float(D**-0.5 if scale is None else scale)
@@ -86,6 +94,14 @@ def flash_attention(
         # the kernels fold the scale into the running max (max(qk) * scale), valid only for scale >= 0;
         # q * scale == (-q) * |scale| keeps everything else unchanged, and autograd flips dq back
         q, sm_scale = -q, -sm_scale
+    if k_scale is not None:  # FP8 K/V: a forward only (check_inputs made sure both scales are there)
+        if torch.is_grad_enabled() and q.requires_grad:
+            raise ValueError("k_scale/v_scale: FP8 K/V are for inference; q must not require grad")
+        if isinstance(config, FlashTrainConfig):
+            config = config.forward
+        config = typed(FlashFwdConfig, config, default_fwd_config(D, q.dtype))
+        o, lse = launch.forward(q, k, v, mask, sm_scale, config, k_scale, v_scale)
+        return (o, lse) if return_lse else o
     if isinstance(config, FlashTrainConfig):
         if bwd_config is not None:
             raise ValueError("bwd_config: not with a FlashTrainConfig config (it holds the backward)")
