@@ -40,7 +40,7 @@ import torch
 from attntune.kernels.base import Config, Variant
 from attntune.kernels.reference import masked_softmax_attention
 from attntune.problem import AttentionProblem
-from attntune.tolerances import bwd_tol, fwd_tol, tf32_allowed
+from attntune.tolerances import FP8_FWD, bwd_tol, fwd_tol, tf32_allowed
 
 # Keys/values past kv_lens hold this value: finite (0·x stays 0 for kernels that load and mask), but far
 # outside N(0, 1), so an unmasked read moves the output well past any tolerance.
@@ -324,7 +324,9 @@ def check(variant: Variant, config: Config, inp: GateInputs) -> GateResult:
     if bwd:
         out.backward(inp.dout)
     out = out.detach()
-    outs = [("output", out, inp.ref_out, fwd_tol(p.dtype, inp.tf32))]
+    # a variant computing in FP8 (q and P quantised for FP8 dots) is held to the format's tolerance
+    fp8_dots = p.kv_dtype is not None and variant.fp8_dots
+    outs = [("output", out, inp.ref_out, FP8_FWD[p.kv_dtype] if fp8_dots else fwd_tol(p.dtype, inp.tf32))]
     if bwd:
         for name, leaf, ref in zip(("dq", "dk", "dv"), (q, k, v), inp.ref_grads):
             if leaf.grad is None:

@@ -14,8 +14,9 @@ of the FP8 output against a float32 reference on the float cache it was quantise
 SDPA output likewise, per case.
 
 Summary (``summary``): ``decode_fp8_vs_sdpa_bf16`` (geomean over cases whose bf16 K+V is >= 32 MB, best
-SDPA backend, graphs), ``decode_fp8_tbps`` (max), ``decode_b1_kv8k_graph_us``, ``max_rel_error``; the
-prefill fields stay null until the FP8 prefill forward (item 2) exists.
+SDPA backend, graphs), ``decode_fp8_tbps`` (max), ``decode_b1_kv8k_graph_us``, ``max_rel_error``;
+``prefill_fp8_tflops`` and ``prefill_fp8_vs_cudnn_bf16`` (the dense S=4096 D=128 case, eager, the best of
+PREFILL_GRID), ``prefill_fp8_vs_cudnn_bf16_geomean`` over the PREFILL cases (``--no-prefill`` skips them).
 """
 
 from __future__ import annotations
@@ -147,7 +148,65 @@ def bench_case(b, s, hq, hkv, sweep: bool, grid=None):
     return rec
 
 
-def summarize(rows):
+PREFILL = [  # (B, S, Hq, Hkv, causal): the FP8 forward against cuDNN bf16, D=128
+    (2, 4096, 32, 8, False), (2, 4096, 32, 8, True), (1, 8192, 32, 8, True)]
+PREFILL_GRID = dict(BLOCK_M=(128,), BLOCK_N=(64, 128), num_warps=(8,), num_stages=(2, 3, 4), LOADS=(0, 1, 2))
+
+
+def bench_prefill(b, s, hq, hkv, causal):
+    """The flash forward over e4m3 K/V (both dots FP8; :mod:`attntune.kernels.triton_flash.jit_fwd`) at the
+    best of PREFILL_GRID, against SDPA's backends on the bf16 K/V; TF/s counts attention FLOPs
+    (4·B·Hq·S²·D, halved when causal). Relative errors against float32 attention over the float K/V."""
+    from attntune.kernels.triton_flash.op import flash_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(b * 7 + s)
+    q = torch.randn(b, hq, s, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+    k, v = (torch.randn(b, hkv, s, D, device="cuda", generator=gen) for _ in range(2))
+    k8, v8, ks, vs = fp8.quantize_kv(k, v)
+    kb, vb = k.bfloat16(), v.bfloat16()
+    flops = 4 * b * hq * s * s * D * (0.5 if causal else 1.0)
+    rec = {"B": b, "S": s, "Hq": hq, "Hkv": hkv, "D": D, "causal": causal, "ms": {}, "sweep_ms": []}
+    for vals in itertools.product(*PREFILL_GRID.values()):
+        cfg = dict(zip(PREFILL_GRID, vals))
+        if cfg["LOADS"] == 2 and cfg["num_warps"] < 8:
+            continue
+        try:
+            t = time_eager(lambda: flash_attention(q, k8, v8, causal=causal, config=cfg, k_scale=ks, v_scale=vs))
+            rec["sweep_ms"].append([round(t / 1e3, 4), cfg])
+        except Exception as e:  # noqa: BLE001 — a config that does not compile is a row, not a crash
+            rec["sweep_ms"].append([None, cfg, f"{type(e).__name__}: {str(e)[:120]}"])
+    timed = sorted((r for r in rec["sweep_ms"] if r[0] is not None), key=lambda r: r[0])
+    if not timed:
+        raise RuntimeError("no FP8 forward config ran")
+    best_ms, best_cfg = timed[0][0], timed[0][1]
+    rec["ms"]["fp8_flash"], rec["fp8_best_config"] = best_ms, best_cfg
+    rec["ms"]["bf16_flash_default"] = time_eager(lambda: flash_attention(q, kb, vb, causal=causal)) / 1e3
+    for name in ("cudnn", "flash"):
+        try:
+            rec["ms"][f"sdpa_{name}"] = time_eager(lambda: _sdpa_causal(name, q, kb, vb, causal)) / 1e3
+        except RuntimeError as e:
+            rec.setdefault("sdpa_unavailable", {})[name] = f"{type(e).__name__}: {e}"[:200]
+    rec["fp8_tflops"] = flops / (best_ms * 1e-3) / 1e12
+    if "sdpa_cudnn" in rec["ms"]:
+        rec["fp8_vs_cudnn_bf16"] = rec["ms"]["sdpa_cudnn"] / best_ms
+        rec["cudnn_tflops"] = flops / (rec["ms"]["sdpa_cudnn"] * 1e-3) / 1e12
+    exact = F.scaled_dot_product_attention(q.float(), k.repeat_interleave(hq // hkv, 1),
+                                           v.repeat_interleave(hq // hkv, 1), is_causal=causal)
+    out = flash_attention(q, k8, v8, causal=causal, config=best_cfg, k_scale=ks, v_scale=vs)
+    rec["rel_error"] = {"fp8_flash": rel_err(out, exact),
+                        "sdpa_bf16": rel_err(F.scaled_dot_product_attention(q, kb, vb, is_causal=causal,
+                                                                            enable_gqa=True), exact)}
+    return rec
+
+
+def _sdpa_causal(backend, q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+
+def summarize(rows, prefill=()):
     big = [r["fp8_vs_best_sdpa_graph"] for r in rows
            if r["bf16_kv_bytes"] >= 32e6 and r["fp8_vs_best_sdpa_graph"]]
     b1 = [min(t for n, t in r["graph_us"].items() if n.startswith("fp8_decode")) for r in rows
@@ -155,8 +214,14 @@ def summarize(rows):
     return {"decode_fp8_vs_sdpa_bf16": math.exp(sum(map(math.log, big)) / len(big)) if big else None,
             "decode_fp8_tbps": max((r["fp8_tbps"] for r in rows), default=None),
             "decode_b1_kv8k_graph_us": b1[0] if b1 else None,
-            "prefill_fp8_tflops": None, "prefill_fp8_vs_cudnn_bf16": None,
-            "max_rel_error": max((r["rel_error"]["fp8_decode"] for r in rows), default=None)}
+            # the dense (non-causal) S >= 4k case, the issue's target shape
+            "prefill_fp8_tflops": next((r["fp8_tflops"] for r in prefill if not r["causal"]), None),
+            "prefill_fp8_vs_cudnn_bf16": next((r.get("fp8_vs_cudnn_bf16") for r in prefill if not r["causal"]), None),
+            "prefill_fp8_vs_cudnn_bf16_geomean": (math.exp(sum(math.log(r["fp8_vs_cudnn_bf16"]) for r in prefill)
+                                                  / len(prefill)) if prefill and all(r.get("fp8_vs_cudnn_bf16")
+                                                                                     for r in prefill) else None),
+            "max_rel_error": max([r["rel_error"]["fp8_decode"] for r in rows]
+                                 + [r["rel_error"]["fp8_flash"] for r in prefill], default=None)}
 
 
 def main():
@@ -165,12 +230,32 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--wide", action="store_true", help="sweep WIDE (tiles x stages) for FP8 and bf16, not GRID")
+    ap.add_argument("--prefill", action=argparse.BooleanOptionalAction, default=True,
+                    help="the FP8 flash forward against cuDNN bf16 (PREFILL cases, PREFILL_GRID sweep)")
+    ap.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_fp8 needs a CUDA GPU")
     t0 = time.time()
-    doc = {"benchmark": "fp8", "environment": environment(), "args": vars(args), "cases": []}
-    for b, s, hq, hkv in (QUICK if args.quick else CASES):
+    doc = {"benchmark": "fp8", "environment": environment(), "args": vars(args), "cases": [], "prefill": []}
+
+    def save():
+        ok = [c for c in doc["cases"] if "error" not in c]
+        doc["summary"] = summarize(ok, [c for c in doc["prefill"] if "error" not in c])
+        doc["elapsed_s"] = time.time() - t0
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+
+    for b, s, hq, hkv, causal in (PREFILL[:2] if args.quick else PREFILL) if args.prefill else ():
+        try:
+            r = bench_prefill(b, s, hq, hkv, causal)
+        except Exception as e:  # noqa: BLE001
+            r = {"B": b, "S": s, "Hq": hq, "Hkv": hkv, "causal": causal, "error": f"{type(e).__name__}: {e}"}
+        torch.cuda.empty_cache()
+        doc["prefill"].append(r)
+        print(json.dumps({k: v for k, v in r.items() if k != "sweep_ms"}), flush=True)
+        save()
+    for b, s, hq, hkv in (QUICK if args.quick else CASES) if args.decode else ():
         try:
             r = bench_case(b, s, hq, hkv, sweep=not args.no_sweep, grid=WIDE if args.wide else None)
         except Exception as e:  # noqa: BLE001
@@ -178,12 +263,8 @@ def main():
         torch.cuda.empty_cache()  # the case's cache copies are gone with its frame
         doc["cases"].append(r)
         print(json.dumps(r), flush=True)
-        ok = [c for c in doc["cases"] if "error" not in c]
-        doc["summary"] = summarize(ok)
-        doc["elapsed_s"] = time.time() - t0
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
-    print(json.dumps(doc["summary"], indent=1))
+        save()
+    print(json.dumps(doc.get("summary"), indent=1))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ for st in $STAGES; do
               ATTNTUNE_CACHE=$CACHE_ARG timeout $T_SUITE python3 benchmarks/bench_suite.py --out "$W/suite.json" ${SUITE_ARGS:-} > "$W/suite.log" 2>&1; tail -60 "$W/suite.log" ;;
     flash)    timeout $T_BENCH python3 benchmarks/bench_flash.py --out "$W/flash.json" ${FLASH_ARGS:-} > "$W/flash.log" 2>&1; tail -30 "$W/flash.log" ;;
     decode)   timeout $T_BENCH python3 benchmarks/bench_decode.py --out "$W/decode.json" > "$W/decode.log" 2>&1; tail -30 "$W/decode.log" ;;
-    fp8)      timeout $T_BENCH python3 -m pytest -q -m gpu tests/test_fp8_decode.py tests/test_fp8_dispatch.py tests/test_hf_fp8.py -p no:cacheprovider > "$W/fp8_tests.log" 2>&1; tail -3 "$W/fp8_tests.log"
+    fp8)      timeout $T_BENCH python3 -m pytest -q -m gpu tests/test_fp8_decode.py tests/test_fp8_dispatch.py tests/test_hf_fp8.py tests/test_fp8_prefill.py -p no:cacheprovider > "$W/fp8_tests.log" 2>&1; tail -3 "$W/fp8_tests.log"
               timeout $T_BENCH python3 benchmarks/bench_fp8.py --out "$W/fp8.json" ${FP8_ARGS:-} > "$W/fp8.log" 2>&1; tail -12 "$W/fp8.log" ;;
     dispatch) ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_BENCH python3 benchmarks/bench_dispatch.py --out "$W/dispatch_gpu.json" > "$W/dispatch.log" 2>&1; tail -15 "$W/dispatch.log" ;;
     e2e)      ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_E2E python3 benchmarks/e2e_gpt.py --out "$W/e2e_gpt.json" > "$W/e2e.log" 2>&1; tail -25 "$W/e2e.log" ;;

@@ -121,6 +121,11 @@ class Variant(abc.ABC):
     #: after ``kv_lens``. Empty (the default): K/V only in q's dtype — :func:`registry.reasons` keeps the
     #: variant from FP8 problems, so a variant never receives codes it would read as numbers.
     kv_dtypes: ClassVar[Tuple[str, ...]] = ()
+    #: With FP8 K/V, this variant also quantises q and the probabilities to the codes' format for FP8
+    #: tensor-core dots (the flash forward): its output is within :data:`attntune.tolerances.FP8_FWD` of
+    #: attention over the dequantised K/V rather than within q's dtype's tolerance — the gate holds it to
+    #: that. False: FP8 codes are widened exactly and the dots run in a 16-bit type (triton_decode).
+    fp8_dots: ClassVar[bool] = False
 
     @abc.abstractmethod
     def supports(self, problem: AttentionProblem) -> List[str]:

@@ -79,7 +79,10 @@ def test_only_variants_that_declare_the_format_serve_fp8_problems():
     p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=1, seqlen_kv=33, head_dim=16, head_dim_v=16,
                          dtype="bfloat16", kv_dtype="float8_e4m3fn")
     assert "float8_e4m3fn" in registry.get("triton_decode").kv_dtypes
-    for name in ("eager", "sdpa_default", "triton_flash"):
+    flash = registry.get("triton_flash")  # the FP8 forward (tests/test_fp8_prefill.py): FP8 dots
+    assert "float8_e4m3fn" in flash.kv_dtypes and flash.fp8_dots
+    assert not registry.get("triton_decode").fp8_dots
+    for name in ("eager", "sdpa_default", "sdpa_math", "flex"):
         if registry.exists(name):
             assert any("K/V in float8_e4m3fn" in r for r in registry.reasons(registry.get(name), p)), name
     assert not registry.reasons(registry.get("fp8_dequant"), p)

@@ -108,6 +108,56 @@ def test_fp8_forward_argument_errors():
         flash_attention(q.requires_grad_(), k8, v8, k_scale=ks, v_scale=vs)
 
 
+# ---- the runtime and the gate -----------------------------------------------------------------------------
+def test_attention_serves_fp8_prefill_through_triton_flash(monkeypatch):
+    """attntune.attention with FP8 K/V and Sq > 16: triton_flash reads the codes (a fixed plan here; untuned
+    machines keep the fp8_dequant fallback until the tuner measures the FP8 forward)."""
+    import attntune
+
+    if HAS_GPU:
+        pytest.skip("the GPU tests cover the op at serving shapes")
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:triton_flash")
+    attntune.reset()
+    try:
+        q, k8, v8, ks, vs = _case(2, 4, 2, 37, 45, 24, seed=6)
+        out = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs, causal=True)
+        [plan] = [p for p in attntune.stats()["plans"] if "kv:" in p["problem"]]
+        assert plan["variant"] == "triton_flash", plan
+        kd, vd = fp8.dequantize(k8, ks), fp8.dequantize(v8, vs)
+        ref = reference_attention(q.double(), kd.double(), vd.double(), _problem(q, k8, True, None))
+        unit = vd.double().std(dim=(0, 2, 3)).repeat_interleave(2).view(1, -1, 1, 1)
+        atol, rtol = FP8_FWD["float8_e4m3fn"]
+        assert (((out.double() - ref) / unit).abs() <= atol + rtol * (ref / unit).abs()).all()
+    finally:
+        attntune.reset()
+
+
+def test_the_gate_holds_fp8_dots_to_the_format_tolerance(monkeypatch):
+    """The gate passes triton_flash on an FP8 prefill key within FP8_FWD and records its error against the
+    float32 cache; held to q's dtype's tolerance instead (as an exact-widening variant is) it would fail,
+    so the tolerance choice is what lets it through — and a wrong kernel still fails."""
+    from attntune.autotune import gate
+    from attntune.kernels import registry
+    from attntune.kernels.triton_flash.variant import FlashVariantBase
+
+    p = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seqlen_q=40, seqlen_kv=40, head_dim=32, head_dim_v=32,
+                         dtype="float16", causal=True, kv_dtype="float8_e4m3fn")
+    inp = gate.prepare(p, torch.device(DEV), seed=1)
+    flash = registry.get("triton_flash")
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    res = gate.check(flash, cfg, inp)
+    assert res.ok, res.reason
+    assert "against the float32 cache" in res.reason and 1e-3 < res.rel_error < 0.2
+    monkeypatch.setattr(FlashVariantBase, "fp8_dots", False)
+    assert gate.check(flash, cfg, inp).status == "wrong"
+    monkeypatch.setattr(FlashVariantBase, "fp8_dots", True)
+    from attntune.kernels.triton_flash import op
+
+    real = op.flash_attention
+    monkeypatch.setattr(op, "flash_attention", lambda *a, **kw: real(*a, **{**kw, "v_scale": kw["v_scale"] * 1.5}))
+    assert gate.check(flash, cfg, inp).status == "wrong"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

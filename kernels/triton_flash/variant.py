@@ -9,7 +9,7 @@ from attntune.kernels.triton_common import HAS_TRITON, device_reasons
 from attntune.kernels.triton_flash.config import FlashFwdConfig, FlashTrainConfig
 from attntune.kernels.triton_flash.space import flash_space
 
-from attntune.problem import AttentionProblem
+from attntune.problem import KV_DTYPES, AttentionProblem
 
 MAX_HEAD_DIM = 256
 # hashed into the tuned rows' fingerprint; the Triton-importing modules only where Triton exists
@@ -36,6 +36,14 @@ def flash_reasons(problem: AttentionProblem) -> list[str]:
         out.append("head_dim_v != head_dim")
     if problem.kv_lens:
         out.append("kv_lens (per-sequence KV lengths) not supported; the decode variant takes them")
+    if problem.kv_dtype is not None:
+        from attntune.fp8 import device_kv_reasons
+
+        out.extend(device_kv_reasons(problem.kv_dtype, problem.device_type))
+        if problem.mode != "fwd":
+            out.append("FP8 K/V: inference (fwd) only")
+        if problem.dtype not in ("float16", "bfloat16"):
+            out.append(f"FP8 K/V: q must be float16 or bfloat16, not {problem.dtype}")
     return out
 
 
@@ -45,6 +53,9 @@ class FlashVariantBase(Variant):
     family = "triton"
     local = False
     space_depends_on_lengths = False  # flash_space reads dtype, head dim, device and mode only
+    # FP8 K/V (the forward only): both dots on FP8 tensor cores, q and P quantised in the kernel
+    kv_dtypes = tuple(KV_DTYPES)
+    fp8_dots = True
 
     def supports(self, problem: AttentionProblem) -> list[str]:
         return flash_reasons(problem)
@@ -64,6 +75,8 @@ class FlashVariantBase(Variant):
         problem: AttentionProblem,
         config: Config,
         kv_lens: torch.Tensor | None = None,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         from attntune.kernels.triton_flash.op import flash_attention  # imports triton: only when run
 
@@ -78,4 +91,6 @@ class FlashVariantBase(Variant):
             window=problem.window,
             scale=problem.scale,
             config=self._parse[problem.mode](config),
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
