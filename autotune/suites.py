@@ -174,8 +174,8 @@ def _training() -> List[AttentionProblem]:
 
 
 def _fp8() -> List[AttentionProblem]:
-    """FP8 (e4m3) KV-cache decode: the serving shapes of ``_decode`` whose K+V reach the sizes where the
-    bytes set the pace, plus one small batch (launch-bound)."""
+    """FP8 (e4m3) KV caches: decode at the serving shapes of ``_decode`` whose K+V reach the sizes where the
+    bytes set the pace, plus one small batch (launch-bound); two prefill keys (dense causal, chunked)."""
     f8 = "float8_e4m3fn"
     return [
         _p(1, 32, 8, 1, 8192, 128, kv_lens=True, kv_dtype=f8),
@@ -184,6 +184,9 @@ def _fp8() -> List[AttentionProblem]:
         _p(16, 32, 8, 1, 32768, 128, kv_lens=True, kv_dtype=f8),
         _p(64, 32, 8, 1, 4096, 64, kv_lens=True, kv_dtype=f8),
         _p(8, 32, 8, 1, 16384, 128, kv_lens=True, window=(4096, -1), kv_dtype=f8),
+        # prefill over an FP8 cache (FP8StaticCache's first step; chunked prefill): the FP8 forward's keys
+        _p(1, 32, 8, 4096, 4096, 128, causal=True, kv_dtype=f8),
+        _p(1, 32, 8, 512, 4096, 128, causal=True, kv_dtype=f8),
     ]
 
 
@@ -215,7 +218,7 @@ SUITES: Dict[str, Suite] = {
         ),
         Suite("long", "long context: S 16k-32k, causal, GQA, windows, chunked prefill", _long),
         Suite("training", "forward+backward prefill shapes (mode fwd_bwd)", _training),
-        Suite("fp8", "FP8 (e4m3) KV-cache decode, B1-64, KV 4k-32k, kv_lens; q bf16/fp16 (GPU)", _fp8),
+        Suite("fp8", "FP8 (e4m3) KV caches: decode B1-64, KV 4k-32k, kv_lens; prefill S4096 and chunked (GPU)", _fp8),
         Suite(
             "seed", "baseline shapes seq2048·b16, seq4096·b8, seq8192·b4 (H16 D64), fwd and fwd_bwd", _seed
         ),
