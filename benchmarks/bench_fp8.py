@@ -153,21 +153,24 @@ PREFILL = [  # (B, S, Hq, Hkv, causal): the FP8 forward against cuDNN bf16, D=12
 PREFILL_GRID = dict(BLOCK_M=(128,), BLOCK_N=(64, 128), num_warps=(8,), num_stages=(2, 3, 4), LOADS=(0, 1, 2))
 
 
-def bench_prefill(b, s, hq, hkv, causal):
+def bench_prefill(b, s, hq, hkv, causal, device="cuda", d=None, grid=None):
     """The flash forward over e4m3 K/V (both dots FP8; :mod:`attntune.kernels.triton_flash.jit_fwd`) at the
     best of PREFILL_GRID, against SDPA's backends on the bf16 K/V; TF/s counts attention FLOPs
-    (4·B·Hq·S²·D, halved when causal). Relative errors against float32 attention over the float K/V."""
+    (4·B·Hq·S²·D, halved when causal). Relative errors against float32 attention over the float K/V.
+    ``device``/``d``/``grid``: the CPU smoke test's tiny run (the Triton interpreter; its times mean nothing)."""
     from attntune.kernels.triton_flash.op import flash_attention
 
-    gen = torch.Generator(device="cuda").manual_seed(b * 7 + s)
-    q = torch.randn(b, hq, s, D, device="cuda", generator=gen, dtype=torch.bfloat16)
-    k, v = (torch.randn(b, hkv, s, D, device="cuda", generator=gen) for _ in range(2))
+    D = d or globals()["D"]
+    grid = grid or PREFILL_GRID
+    gen = torch.Generator(device=device).manual_seed(b * 7 + s)
+    q = torch.randn(b, hq, s, D, device=device, generator=gen, dtype=torch.bfloat16)
+    k, v = (torch.randn(b, hkv, s, D, device=device, generator=gen) for _ in range(2))
     k8, v8, ks, vs = fp8.quantize_kv(k, v)
     kb, vb = k.bfloat16(), v.bfloat16()
     flops = 4 * b * hq * s * s * D * (0.5 if causal else 1.0)
     rec = {"B": b, "S": s, "Hq": hq, "Hkv": hkv, "D": D, "causal": causal, "ms": {}, "sweep_ms": []}
-    for vals in itertools.product(*PREFILL_GRID.values()):
-        cfg = dict(zip(PREFILL_GRID, vals))
+    for vals in itertools.product(*grid.values()):
+        cfg = dict(zip(grid, vals))
         if cfg["LOADS"] == 2 and cfg["num_warps"] < 8:
             continue
         try:
