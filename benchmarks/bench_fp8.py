@@ -169,20 +169,30 @@ def bench_prefill(b, s, hq, hkv, causal, device="cuda", d=None, grid=None):
     kb, vb = k.bfloat16(), v.bfloat16()
     flops = 4 * b * hq * s * s * D * (0.5 if causal else 1.0)
     rec = {"B": b, "S": s, "Hq": hq, "Hkv": hkv, "D": D, "causal": causal, "ms": {}, "sweep_ms": []}
-    for vals in itertools.product(*grid.values()):
-        cfg = dict(zip(grid, vals))
-        if cfg["LOADS"] == 2 and cfg["num_warps"] < 8:
-            continue
-        try:
-            t = time_eager(lambda: flash_attention(q, k8, v8, causal=causal, config=cfg, k_scale=ks, v_scale=vs))
-            rec["sweep_ms"].append([round(t / 1e3, 4), cfg])
-        except Exception as e:  # noqa: BLE001 — a config that does not compile is a row, not a crash
-            rec["sweep_ms"].append([None, cfg, f"{type(e).__name__}: {str(e)[:120]}"])
+    # V's memory layout: "d" as given ([B, H, S, D], D contiguous); "n" the same logical tensor stored
+    # [B, H, D, S] (keys contiguous) — the layout FP8 tensor cores want for the PV dot's B operand (FA3
+    # and Triton's tutorial transpose V for FP8). Pointer loads only (descriptors need D contiguous); the
+    # kernel times exclude the transposing copy, timed on its own (``v_transpose_ms``).
+    v8n = v8.transpose(2, 3).contiguous().transpose(2, 3)
+    rec["ms"]["v_transpose"] = time_eager(lambda: v8.transpose(2, 3).contiguous()) / 1e3
+    for layout, vv in (("d", v8), ("n", v8n)):
+        for vals in itertools.product(*grid.values()):
+            cfg = dict(zip(grid, vals))
+            if (cfg["LOADS"] == 2 and cfg["num_warps"] < 8) or (layout == "n" and cfg["LOADS"]):
+                continue
+            try:
+                t = time_eager(lambda: flash_attention(q, k8, vv, causal=causal, config=cfg, k_scale=ks, v_scale=vs))
+                rec["sweep_ms"].append([round(t / 1e3, 4), cfg, layout])
+            except Exception as e:  # noqa: BLE001 — a config that does not compile is a row, not a crash
+                rec["sweep_ms"].append([None, cfg, layout, f"{type(e).__name__}: {str(e)[:120]}"])
     timed = sorted((r for r in rec["sweep_ms"] if r[0] is not None), key=lambda r: r[0])
     if not timed:
         raise RuntimeError("no FP8 forward config ran")
-    best_ms, best_cfg = timed[0][0], timed[0][1]
-    rec["ms"]["fp8_flash"], rec["fp8_best_config"] = best_ms, best_cfg
+    best_ms, best_cfg, best_layout = timed[0][0], timed[0][1], timed[0][2]
+    rec["ms"]["fp8_flash"], rec["fp8_best_config"], rec["fp8_best_v_layout"] = best_ms, best_cfg, best_layout
+    for layout in ("d", "n"):
+        rec["ms"][f"fp8_flash_v{layout}"] = min((r[0] for r in timed if r[2] == layout), default=None)
+    v8 = v8n if best_layout == "n" else v8
     rec["ms"]["bf16_flash_default"] = time_eager(lambda: flash_attention(q, kb, vb, causal=causal)) / 1e3
     for name in ("cudnn", "flash"):
         try:

@@ -28,8 +28,11 @@ def test_prefill_record_and_summary(monkeypatch):
     grid = dict(BLOCK_M=(16,), BLOCK_N=(16, 32), num_warps=(4,), num_stages=(1,), LOADS=(0,))
     rows = [bench_fp8.bench_prefill(1, 40, 4, 2, causal, device="cpu", d=16, grid=grid) for causal in (False, True)]
     for r in rows:
-        assert len(r["sweep_ms"]) == 2 and all(x[0] is not None for x in r["sweep_ms"]), r["sweep_ms"]
-        assert r["fp8_best_config"] in [x[1] for x in r["sweep_ms"]] and r["fp8_tflops"] > 0
+        # two configs in each of V's two memory layouts, all of which ran
+        assert len(r["sweep_ms"]) == 4 and all(x[0] is not None for x in r["sweep_ms"]), r["sweep_ms"]
+        assert sorted(x[2] for x in r["sweep_ms"]) == ["d", "d", "n", "n"]
+        assert [r["fp8_best_config"], r["fp8_best_v_layout"]] in [x[1:3] for x in r["sweep_ms"]]
+        assert r["fp8_tflops"] > 0 and r["ms"]["v_transpose"] > 0
         # the interpreter's FP8 dots are exact: the error is FP8's own (q and P quantised), a few percent
         assert 1e-3 < r["rel_error"]["fp8_flash"] < 0.1, r["rel_error"]
         assert "cudnn" in r.get("sdpa_unavailable", {}) or "sdpa_cudnn" in r["ms"]  # no cuDNN on a CPU
