@@ -169,10 +169,10 @@ def bench_prefill(b, s, hq, hkv, causal, device="cuda", d=None, grid=None):
     kb, vb = k.bfloat16(), v.bfloat16()
     flops = 4 * b * hq * s * s * D * (0.5 if causal else 1.0)
     rec = {"B": b, "S": s, "Hq": hq, "Hkv": hkv, "D": D, "causal": causal, "ms": {}, "sweep_ms": []}
-    # V's memory layout: "d" as given ([B, H, S, D], D contiguous); "n" the same logical tensor stored
-    # [B, H, D, S] (keys contiguous) — the layout FP8 tensor cores want for the PV dot's B operand (FA3
-    # and Triton's tutorial transpose V for FP8). Pointer loads only (descriptors need D contiguous); the
-    # kernel times exclude the transposing copy, timed on its own (``v_transpose_ms``).
+    # V's memory layout: "d" as given ([B, H, S, D], D contiguous: the launch transposes it, copy
+    # included in the time); "n" the same logical tensor stored [B, H, D, S] (keys contiguous) — the
+    # layout FP8 tensor cores want for the PV dot's B operand, which the launch then takes as it is.
+    # Pointer loads only for "n" (descriptors need D contiguous); the copy is also timed on its own.
     v8n = v8.transpose(2, 3).contiguous().transpose(2, 3)
     rec["ms"]["v_transpose"] = time_eager(lambda: v8.transpose(2, 3).contiguous()) / 1e3
     for layout, vv in (("d", v8), ("n", v8n)):

@@ -63,6 +63,16 @@ def test_fp8_forward_matches_the_dequantised_reference(dtype, per, causal, windo
     _check(q, k8, v8, ks, vs, causal=causal, window=window, config={"BLOCK_M": 16, "BLOCK_N": 16})
 
 
+def test_fp8_forward_takes_v_in_either_memory_layout():
+    """The launch stores V keys-contiguous for the FP8 PV dot (a copy) unless it already is: both layouts
+    of one logical V give the same output, within the tolerance."""
+    q, k8, v8, ks, vs = _case(1, 4, 2, 21, 40, 16, seed=7)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16}
+    a, _ = _check(q, k8, v8, ks, vs, causal=True, config=cfg)
+    b, _ = _check(q, k8, v8.transpose(2, 3).contiguous().transpose(2, 3), ks, vs, causal=True, config=cfg)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 def test_fp8_forward_e5m2_gqa_and_even_head_dim():
     q, k8, v8, ks, vs = _case(1, 6, 2, 33, 50, 32, fmt=E5M2, seed=4)
     _check(q, k8, v8, ks, vs, causal=True, config={"BLOCK_M": 16, "BLOCK_N": 32})

@@ -133,6 +133,12 @@ def forward(
         return o, lse
     BM, BN, BD = config.BLOCK_M, config.BLOCK_N, block_d(D)
     grid = (triton.cdiv(Sq, BM) * B * Hq,)
+    if k_scale is not None and Skv > 1 and v.stride(2) != 1:
+        # FP8's PV dot wants V's tile keys-contiguous (the B operand of an FP8 wgmma is K-major; FA3 and
+        # Triton's tutorial transpose V too): the same logical V stored [B, Hkv, D, Skv]. H200, B2 S4096
+        # D128 e4m3 (benchmarks/results/fp8_h200.json): 2.19 -> 0.92 ms dense, 1.22 -> 0.53 ms causal, for
+        # a 0.057 ms copy. Descriptors need D contiguous: such a launch takes pointer loads.
+        v = v.transpose(2, 3).contiguous().transpose(2, 3)
     descs = _descriptors(q, k, v, o, BM, BN, BD) if config.LOADS and Skv > 0 else None
     jit_fwd.flash_fwd_kernel[grid](
         q,
