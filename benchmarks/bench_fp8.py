@@ -230,6 +230,10 @@ def summarize(rows, prefill=()):
             # the dense (non-causal) S >= 4k case, the target shape
             "prefill_fp8_tflops": next((r["fp8_tflops"] for r in prefill if not r["causal"]), None),
             "prefill_fp8_vs_cudnn_bf16": next((r.get("fp8_vs_cudnn_bf16") for r in prefill if not r["causal"]), None),
+            # V as a user passes it ([B, H, S, D]): the launch's transposing copy included
+            "prefill_fp8_vs_cudnn_bf16_v_as_given": next((r["ms"]["sdpa_cudnn"] / r["ms"]["fp8_flash_vd"] for r in prefill
+                                                          if not r["causal"] and r["ms"].get("fp8_flash_vd")
+                                                          and r["ms"].get("sdpa_cudnn")), None),
             "prefill_fp8_vs_cudnn_bf16_geomean": (math.exp(sum(math.log(r["fp8_vs_cudnn_bf16"]) for r in prefill)
                                                   / len(prefill)) if prefill and all(r.get("fp8_vs_cudnn_bf16")
                                                                                      for r in prefill) else None),
