@@ -354,3 +354,22 @@ def test_explain_takes_the_scales_and_shows_the_plan_attention_uses():
         attntune.explain(q, k8, v8)
     with pytest.raises(ValueError, match="v_scale"):
         attntune.explain(q, k8, v8, k_scale=ks, v_scale=ks.double())
+
+
+def test_untuned_fp8_prefill_on_a_gpu_goes_to_the_fp8_forward_for_its_own_reason(monkeypatch):
+    """The heuristic's FP8 prefill rule (a GPU whose variants can read the codes, faked here: on this
+    machine supports() says no CUDA): the FP8 forward first, widening the codes second — and explain()
+    says why in FP8's terms, not the 'SDPA would need a mask' of bf16 prefill."""
+    from attntune.policies import policy
+
+    monkeypatch.setattr(policy, "usable", lambda name, config, problem, quarantine:
+                        [] if name in ("triton_decode", "triton_flash", "fp8_dequant")
+                        else ["(test) cannot read FP8 codes"])
+    problem = AttentionProblem(batch=1, heads_q=8, heads_kv=2, seqlen_q=300, seqlen_kv=300, head_dim=64,
+                               head_dim_v=64, dtype="bfloat16", causal=True, device_type="cuda",
+                               kv_dtype="float8_e4m3fn")
+    plan = policy.heuristic_plan(problem, None, set())
+    assert (plan.impl.name, plan.runner_up) == ("triton_flash", "fp8_dequant")
+    assert any("rule fp8-prefill" in r for r in plan.reasons), plan.reasons
+    decode = problem.model_copy(update={"seqlen_q": 1})
+    assert policy.heuristic_plan(decode, None, set()).impl.name == "triton_decode"  # the decode rule comes first
