@@ -329,7 +329,9 @@ def merge(paths: List[str]) -> dict:
     return {"benchmark": "regret", "environment": docs[-1]["environment"],
             "merged_from": [{"file": Path(p).name, "args": d.get("args"), "elapsed_s": d.get("elapsed_s"),
                              "families": sorted(f for f, (j, _) in by_family.items() if j == i),
-                             "fidelity": bool(d.get("fidelity")) and d["fidelity"] is fid}
+                             "fidelity": bool(d.get("fidelity")) and d["fidelity"] is fid,
+                             # a merged file merged again keeps where its own parts came from
+                             **({"parts": d["merged_from"]} if d.get("merged_from") else {})}
                             for i, (p, d) in enumerate(zip(paths, docs))],
             "rows": rows, "fidelity": fid, "summary": summarize(rows, fid)}
 
@@ -354,6 +356,10 @@ def main(argv=None):
         Path(args.out).write_text(json.dumps(doc, indent=1, default=str))
         print(json.dumps(doc["summary"], indent=1, default=str))
         return
+    unknown = [ks for ks in args.keys.split(",") if ks and ks not in KEY_SETS]
+    if unknown:  # before any timing: a typo must not cost a GPU call its fidelity run first
+        ap.error(f"--keys: unknown key set(s) {unknown}; known: {sorted(KEY_SETS)} (empty: fidelity only, "
+                 "e.g. --keys=)")
     device = default_device()
     t_start = time.time()
     out = Path(args.out)

@@ -24,7 +24,7 @@ for st in $STAGES; do
   t0=$(date +%s); log "stage $st"
   case $st in
     tests)    XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
-              timeout $T_TESTS python3 -m pytest -q -m gpu $XDIST ${TEST_PATHS:-tests} -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; grep -E "^(FAILED|ERROR)" "$W/gpu_tests.log" | head -30; tail -3 "$W/gpu_tests.log" ;;
+              ATTNTUNE_TEST_TIMES="$W/test_times.txt" timeout $T_TESTS python3 -m pytest -q -m gpu $XDIST ${TEST_PATHS:-tests} ${TEST_ARGS:-} -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; grep -E "^(FAILED|ERROR)" "$W/gpu_tests.log" | head -30; sort -rn "$W/test_times.txt" 2>/dev/null | head -${DURATION_LINES:-0}; tail -3 "$W/gpu_tests.log" ;;
     tune)     rm -f "$W/cache.db" "$W/optuna.db"
               t1=$(date +%s)
               timeout 1800 attntune tune --suite "$TUNE_SUITE" --cache "$W/cache.db" \

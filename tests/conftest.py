@@ -32,3 +32,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """With ``ATTNTUNE_TEST_TIMES=path``, append each test phase's duration as it finishes (under xdist the
+    controller gets every worker's reports): a run killed by its time cap still says which tests were
+    slow, where ``--durations`` prints only at the end."""
+    path = os.environ.get("ATTNTUNE_TEST_TIMES")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller writes every worker's reports once
+    if path and report.when in ("setup", "call"):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f} {report.when} {report.outcome} {report.nodeid}\n")

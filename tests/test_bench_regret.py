@@ -200,3 +200,13 @@ def test_regret_time_shares_and_family_order():
     fams = [f for f, _ in mod.interleave_families(mod.KEY_SETS["families16"])]
     n = len(set(fams))
     assert sorted(set(fams[:n])) == sorted(set(fams)), fams  # the first len(families) keys cover every family
+
+
+def test_unknown_key_set_is_refused_before_any_timing(tmp_path):
+    """A quoting slip (``--keys ''`` passed through an env var arrives as the two quote characters) used to
+    crash only after the fidelity run had spent its GPU time; now argparse refuses it naming --keys."""
+    out = tmp_path / "regret.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--keys", "''", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "--keys" in r.stderr and "unknown key set" in r.stderr, r.stderr
+    assert not out.exists()

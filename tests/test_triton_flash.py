@@ -408,7 +408,10 @@ def test_gpu_fp32(precision):
     old = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
-        check(*qkv(1, 8, 8, 1024, 1024, 128), causal=True)
+        # D=40 (padded to 64 in the tiles) and odd lengths: under "highest" the fp32 dots are FMA loops
+        # and D=128 took 77 s to compile (the GPU suite's second-longest item); "high" is TF32
+        d = 40 if precision == "highest" else 128
+        check(*qkv(1, 3, 3, 517, 611, d), causal=True)
     finally:
         torch.set_float32_matmul_precision(old)
 
@@ -511,3 +514,29 @@ def test_descriptor_loads_are_a_hopper_knob_of_forward_keys_only():
     assert FlashTrainConfig(LOADS=0).forward.LOADS == 0
     with pytest.raises(ValueError, match="LOADS"):
         FlashFwdConfig.from_dict({"LOADS": 3}, rocm=False)
+
+
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_fp32_forward_copies_v_keys_contiguous_only_for_tf32(precision, monkeypatch):
+    """TF32 (like FP8) wgmma needs the PV dot's B operand K-major: with TF32 allowed the launch stores V
+    keys-contiguous (a copy), with exact fp32 dots it does not; either way one logical V gives one output."""
+    from attntune.kernels.triton_flash import launch
+
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        assert launch.v_keys_contiguous(torch.float32, fp8=False) == (precision == "high")
+        assert not launch.v_keys_contiguous(torch.bfloat16, fp8=False)
+        assert launch.v_keys_contiguous(torch.bfloat16, fp8=True)
+        q, k, v = qkv(1, 2, 1, 19, 37, 24)
+        copies = []
+        real = torch.Tensor.contiguous
+        monkeypatch.setattr(torch.Tensor, "contiguous", lambda t, *a, **kw: copies.append(t.shape) or real(t, *a, **kw))
+        a = flash_attention(q, k, v, causal=True, config={"BLOCK_M": 16, "BLOCK_N": 16})
+        monkeypatch.setattr(torch.Tensor, "contiguous", real)
+        assert bool(copies) == (precision == "high"), copies
+        b = flash_attention(q, k, v.transpose(2, 3).contiguous().transpose(2, 3), causal=True,
+                            config={"BLOCK_M": 16, "BLOCK_N": 16})
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    finally:
+        torch.set_float32_matmul_precision(old)

@@ -118,6 +118,22 @@ def _descriptors(q, k, v, o, bm: int, bn: int, bd: int):
     return desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm)
 
 
+# Copy V keys-contiguous for TF32 dots (module switch: benchmarks/probe_tf32.py times both layouts).
+TF32_V_KEYS = True
+
+
+def v_keys_contiguous(q_dtype: torch.dtype, fp8: bool) -> bool:
+    """Whether the forward stores V keys-contiguous (the same logical V as [B, Hkv, D, Skv]) before its
+    launch: the PV dot's B operand is V's [BN, D] tile, and only 16-bit wgmma reads a B operand that is
+    not K-major (keys-contiguous); FP8 and TF32 wgmma need it K-major (FA3 and Triton's tutorial transpose
+    V for FP8 too). Measured on the H200: FP8, B2 S4096 D128 e4m3 (benchmarks/results/fp8_h200.json):
+    2.19 -> 0.92 ms dense, 1.22 -> 0.53 ms causal, for a 0.057 ms copy. Descriptors need D contiguous:
+    such a launch takes pointer loads."""
+    if fp8:
+        return True
+    return TF32_V_KEYS and q_dtype == torch.float32 and dot_precision(q_dtype) == "tf32"
+
+
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float, config: FlashFwdConfig,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
@@ -133,11 +149,7 @@ def forward(
         return o, lse
     BM, BN, BD = config.BLOCK_M, config.BLOCK_N, block_d(D)
     grid = (triton.cdiv(Sq, BM) * B * Hq,)
-    if k_scale is not None and Skv > 1 and v.stride(2) != 1:
-        # FP8's PV dot wants V's tile keys-contiguous (the B operand of an FP8 wgmma is K-major; FA3 and
-        # Triton's tutorial transpose V too): the same logical V stored [B, Hkv, D, Skv]. H200, B2 S4096
-        # D128 e4m3 (benchmarks/results/fp8_h200.json): 2.19 -> 0.92 ms dense, 1.22 -> 0.53 ms causal, for
-        # a 0.057 ms copy. Descriptors need D contiguous: such a launch takes pointer loads.
+    if Skv > 1 and v.stride(2) != 1 and v_keys_contiguous(q.dtype, k_scale is not None):
         v = v.transpose(2, 3).contiguous().transpose(2, 3)
     descs = _descriptors(q, k, v, o, BM, BN, BD) if config.LOADS and Skv > 0 else None
     jit_fwd.flash_fwd_kernel[grid](
