@@ -28,6 +28,7 @@ safe fallback (torch SDPA, else eager) and the call is retried there.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -106,7 +107,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         slot = _get(sig)
     except (AttributeError, TypeError):  # not tensors / unhashable arguments: say which one
         validate_qkv(q, k, v, kv_lens)
-        _check_scalars(causal, scale)
+        _check_scalars(causal, scale, approx)
         raise
     if slot is None:
         slot = _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad)
@@ -187,16 +188,22 @@ def check_kv_lens(kv_lens: Tensor, seqlen_kv: int) -> None:
                          f"max {hi} (checked because ATTNTUNE_CHECK=1; unchecked they are clamped)")
 
 
-def _check_scalars(causal, scale) -> None:
+def _check_scalars(causal, scale, approx=None) -> None:
     if not isinstance(causal, (bool, int)):
         raise ValueError(f"causal: expected a bool, got {type(causal).__name__}")
     if scale is not None and not isinstance(scale, (int, float)):
         raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
+    if scale is not None and not math.isfinite(scale):
+        # a NaN or infinite scale makes every output NaN (or a hard max): a bug upstream, named here
+        raise ValueError(f"scale: expected a finite float or None, got {scale}")
+    if approx is not None and not isinstance(approx, (bool, int)):
+        # bool("no") is True: a string would silently allow approximate variants
+        raise ValueError(f"approx: expected a bool or None, got {type(approx).__name__}")
 
 
 def _problem(q, k, v, kv_lens, causal, align, window, scale, approx, grad) -> AttentionProblem:
     validate_qkv(q, k, v, kv_lens)
-    _check_scalars(causal, scale)
+    _check_scalars(causal, scale, approx)
     allow = _runtime.get().config.allow_approx if approx is None else bool(approx)
     return problem_from_tensors(q, k, v, causal=bool(causal), causal_align=align, window=window, kv_lens=kv_lens,
                                 mode="fwd_bwd" if grad else "fwd", approx=allow,
@@ -345,7 +352,8 @@ def _dropin_ok(q, k, v, enable_gqa: bool) -> bool:
 def _dropin_slot(sig, q, k, v, is_causal, scale, enable_gqa, grad) -> Slot:
     rt = _runtime.get()
     if rt.config.disabled or not _dropin_ok(q, k, v, enable_gqa) or not isinstance(is_causal, (bool, int)) \
-            or not (scale is None or isinstance(scale, (int, float))):
+            or not (scale is None or isinstance(scale, (int, float)) and math.isfinite(scale)):
+        # what attntune.attention refuses (a non-finite scale, odd types) the drop-in hands to torch as is
         causal_, scale_, gqa_ = is_causal, scale, enable_gqa
 
         def passthrough(q, k, v, _problem, _config, _kv_lens):

@@ -53,7 +53,7 @@ def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Ten
                v_scale.shape, v_scale.stride(), v_scale.dtype, v_scale.device)
         slot = SLOTS.get(sig)
     except (AttributeError, TypeError):  # not tensors / unhashable arguments: say which one
-        _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale)
+        _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale, approx)
         raise
     if slot is None:
         slot = _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx)
@@ -66,16 +66,16 @@ def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Ten
         return _failed(sig, slot, e, q, k, v, kv_lens, k_scale, v_scale)
 
 
-def _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale) -> None:
+def _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale, approx) -> None:
     validate_qkv(q, k, v, kv_lens, fp8=True)
     check_scales(k, k_scale, v_scale)
-    _check_scalars(causal, scale)
+    _check_scalars(causal, scale, approx)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError("k_scale/v_scale: an FP8 K/V cache is for inference; no input may require grad")
 
 
 def _fp8_problem(q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx):
-    _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale)
+    _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale, approx)
     rt = _runtime.get()
     return problem_from_tensors(q, k, v, causal=bool(causal), window=window, kv_lens=kv_lens, mode="fwd",
                                 approx=rt.config.allow_approx if approx is None else bool(approx),

@@ -46,6 +46,36 @@ def test_bad_window_is_a_value_error_naming_window(window):
     assert not runtime.get().quarantine  # nothing ran, nothing was blamed
 
 
+@pytest.mark.parametrize("kw, name", [(dict(scale=float("nan")), "scale"), (dict(scale=float("inf")), "scale"),
+                                      (dict(scale=-float("inf")), "scale"), (dict(approx="no"), "approx"),
+                                      (dict(approx=[]), "approx"), (dict(causal="yes"), "causal"),
+                                      (dict(scale="0.5"), "scale")], ids=repr)
+def test_bad_scalar_is_a_value_error_naming_it(kw, name):
+    """A NaN/infinite scale made every output NaN (or a hard max) without a word, and ``approx="no"`` read as
+    True (allowing approximate variants); both are refused naming the argument, on a repeat signature too
+    (after a valid call) and on the FP8 entry, and nothing is quarantined."""
+    q, k, v = _qkv()
+    attntune.attention(q, k, v)
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        attntune.attention(q, k, v, **kw)
+    with pytest.raises(ValueError, match=f"^{name}:"):  # the same call again: no slot was kept
+        attntune.attention(q, k, v, **kw)
+    from attntune import fp8
+
+    k8, v8, ks, vs = fp8.quantize_kv(k, v)
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        attntune.attention(q.bfloat16(), k8, v8, k_scale=ks, v_scale=vs, **kw)
+    assert not runtime.get().quarantine
+    # the SDPA drop-in behaves as torch's SDPA does (a passthrough), not as attntune.attention
+    if "scale" in kw and isinstance(kw["scale"], float):
+        torch.testing.assert_close(attntune.scaled_dot_product_attention(q, q, q, scale=kw["scale"]),
+                                   F.scaled_dot_product_attention(q, q, q, scale=kw["scale"]), equal_nan=True)
+    # a finite negative scale is legal mathematics (SDPA takes it too), not refused
+    out = attntune.attention(q, k, v, scale=-0.3)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1),
+                                                                  v.repeat_interleave(2, 1), scale=-0.3))
+
+
 @pytest.mark.parametrize("window", [(10**30, 0), (0, 10**30), (2**63, 2**63), (-1, 10**18)], ids=repr)
 def test_huge_window_sides_are_clamped_to_the_sequence(window):
     """A side longer than any sequence covers every key: the result is the unbounded side's, exactly."""
