@@ -78,6 +78,9 @@ class TuneKey(BaseModel):
     #: FP8 K/V format (``AttentionProblem.kv_dtype``); None — the default, left out of :attr:`key_id` so
     #: that every key without it keeps the id it had before the field existed
     kv_dtype: Optional[str] = None
+    #: float32 with TF32 dots (``AttentionProblem.tf32``); False — the default, left out of :attr:`key_id`
+    #: as ``kv_dtype`` is, so every other key keeps its id
+    tf32: bool = False
 
     @classmethod
     def from_problem(cls, problem: AttentionProblem, device: DeviceFingerprint) -> "TuneKey":
@@ -92,6 +95,7 @@ class TuneKey(BaseModel):
             head_dim_v=problem.head_dim_v, causal=problem.causal, causal_align=align,
             window=None if problem.window is None else tuple(window_bucket(w) for w in problem.window),
             kv_lens=problem.kv_lens, mode=problem.mode, approx=problem.approx, kv_dtype=problem.kv_dtype,
+            tf32=problem.tf32,
         )
 
     def representative(self) -> AttentionProblem:
@@ -102,13 +106,14 @@ class TuneKey(BaseModel):
             head_dim_v=self.head_dim_v, dtype=self.dtype, device_type=self.device.device_type,
             causal=self.causal, causal_align=self.causal_align, window=self.window,
             kv_lens=self.kv_lens, mode=self.mode, approx=self.approx, kv_dtype=self.kv_dtype,
+            tf32=self.tf32,
         )
 
     def family(self) -> tuple:
         """Everything but the bucketed sizes: keys of one family may stand in for each other."""
         return (self.device.arch, self.device.name, self.dtype, self.heads_q, self.heads_kv,
                 self.head_dim, self.head_dim_v, self.causal, self.causal_align,
-                self.window is not None, self.kv_lens, self.mode, self.approx, self.kv_dtype)
+                self.window is not None, self.kv_lens, self.mode, self.approx, self.kv_dtype, self.tf32)
 
     def distance(self, other: "TuneKey") -> float:
         """Log-distance over the bucketed sizes (and window sides); inf across families."""
@@ -122,9 +127,9 @@ class TuneKey(BaseModel):
 
     @property
     def key_id(self) -> str:
-        """A stable id (sha1 of the canonical JSON): the cache's primary key. ``kv_dtype`` enters only
-        when set (see the field)."""
-        exclude = {"kv_dtype"} if self.kv_dtype is None else None
+        """A stable id (sha1 of the canonical JSON): the cache's primary key. ``kv_dtype`` and ``tf32``
+        enter only when set (see the fields)."""
+        exclude = {n for n, unset in (("kv_dtype", self.kv_dtype is None), ("tf32", not self.tf32)) if unset}
         return hashlib.sha1(self.model_dump_json(exclude=exclude).encode()).hexdigest()[:20]
 
     def short(self) -> str:
@@ -140,6 +145,8 @@ class TuneKey(BaseModel):
             s += " approx"
         if self.kv_dtype is not None:
             s += f" kv:{self.kv_dtype.removeprefix('float8_')}"
+        if self.tf32:
+            s += " tf32"
         return s + f" {self.mode}"
 
 

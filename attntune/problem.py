@@ -41,6 +41,7 @@ from typing import Any, Literal, Optional, Tuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from attntune.tolerances import tf32_active
 
 Mode = Literal["fwd", "fwd_bwd"]
 Align = Literal["bottom_right", "top_left"]
@@ -188,6 +189,9 @@ class AttentionProblem(BaseModel):
     scale: Optional[float] = None
     #: None: K/V in ``dtype``; else their FP8 format (:data:`KV_DTYPES`), dequantised by float32 scales
     kv_dtype: Optional[str] = None
+    #: float32 dots in TF32 (:func:`attntune.tolerances.tf32_active`: CUDA float32 with
+    #: ``float32_matmul_precision`` below "highest"); False for every other problem
+    tf32: bool = False
 
     @field_validator("dtype")
     @classmethod
@@ -229,6 +233,9 @@ class AttentionProblem(BaseModel):
             raise ValueError(f"kv_dtype: an FP8 K/V cache needs q in {list(FP8_Q_DTYPES)}, got {self.dtype}")
         if self.kv_dtype is not None and self.mode != "fwd":
             raise ValueError("kv_dtype: an FP8 K/V cache is for inference (mode 'fwd', no gradients)")
+        if self.tf32 and (self.dtype != "float32" or self.device_type != "cuda"):
+            raise ValueError(f"tf32: only a float32 problem on a CUDA device has TF32 dots, got {self.dtype} "
+                             f"on {self.device_type}")
         return self
 
     # ---- derived -------------------------------------------------------------------------------
@@ -336,6 +343,8 @@ class AttentionProblem(BaseModel):
             s += " kv_lens"
         if self.kv_dtype is not None:
             s += f" kv:{self.kv_dtype.removeprefix('float8_')}"
+        if self.tf32:
+            s += " tf32"
         return s + f" {self.mode}"
 
 
@@ -415,4 +424,5 @@ def problem_from_tensors(
         seqlen_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=dtype_name(q.dtype),
         device_type=q.device.type, causal=causal, causal_align=causal_align, window=window,
         kv_lens=kv_lens is not None, mode=mode, approx=bool(approx), scale=scale, kv_dtype=kv_dtype,
+        tf32=tf32_active(dtype_name(q.dtype), q.device.type),
     )

@@ -47,3 +47,15 @@ def tf32_allowed() -> bool:
     import torch
 
     return torch.get_float32_matmul_precision() != "highest"
+
+
+def tf32_active(dtype: str, device_type: str) -> bool:
+    """Whether a problem of ``dtype`` on ``device_type`` runs its dots in TF32 now: float32 on an NVIDIA
+    GPU with TF32 allowed (ROCm kernels keep IEEE float32 dots; CPUs have no TF32). It is part of the
+    problem and its tune key (``tf32``): the fastest implementation differs by far between the two
+    numerics (the TF32 forward is ~4.7x SDPA on the H200, the IEEE one is not)."""
+    if dtype != "float32" or device_type != "cuda":
+        return False
+    import torch
+
+    return not torch.version.hip and tf32_allowed()

@@ -130,6 +130,26 @@ def timing_kv_lens(problem: AttentionProblem, device) -> torch.Tensor:
     return (skv - (i * skv) // (2 * b)).clamp_(min=1).to(torch.int32)
 
 
+@contextmanager
+def key_numerics(problem: AttentionProblem) -> Iterator[None]:
+    """While a float32 CUDA key is measured, torch's ``float32_matmul_precision`` is what the key says
+    (``problem.tf32``: "high", else "highest"), so that its rows are measured under the numerics they
+    serve; restored after. Already right (e.g. online tuning of the caller's own precision, in the
+    caller's process) or any other key: untouched — the setting is process-wide."""
+    from attntune.tolerances import tf32_active
+
+    if problem.dtype != "float32" or problem.device_type != "cuda" or torch.version.hip \
+            or tf32_active(problem.dtype, problem.device_type) == problem.tf32:
+        yield
+        return
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if problem.tf32 else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
 def prepare(problem: AttentionProblem, device: torch.device, seed: int) -> GateInputs:
     """Random inputs for ``problem`` on ``device`` (seeded) and the reference output (and gradients).
     Called once per key, before its first trial."""

@@ -61,6 +61,12 @@ def _candidates(rec: WinnerRecord, inputs, problem) -> List[Candidate]:
 def revalidate_one(rec: WinnerRecord, device: torch.device, timing: Optional[TimingOptions] = None,
                    seed: int = 0) -> KeyResult:
     """Re-time one hint; the result's record (when ``tuned``) carries today's fingerprint."""
+    with gate.key_numerics(rec.key.representative()):
+        return _revalidate_one(rec, device, timing, seed)
+
+
+def _revalidate_one(rec: WinnerRecord, device: torch.device, timing: Optional[TimingOptions],
+                    seed: int) -> KeyResult:
     t0 = time.time()
     problem = rec.key.representative()
     inputs = gate.prepare(problem, device, key_seed(rec.key_id, seed))

@@ -17,6 +17,8 @@ Fields (aliases in brackets; all but ``hq``, ``sq`` and ``d`` optional)::
     mode           fwd | fwd_bwd                                 default --mode / fwd
     approx         0/1: approximate variants allowed             default 0
     kv             FP8 K/V codes: e4m3fn | e5m2 | e4m3fnuz (float8_ prefix optional)   default none
+    tf32           0/1: float32 on CUDA with TF32 dots (the tuner measures the key under
+                   float32_matmul_precision "high"; 0 = "highest", exact float32)   default 0
 
 Example: ``b=4,hq=32,hkv=8,sq=2048,skv=2048,d=128,causal=1,window=256:0,kv_lens=1,dtype=bfloat16``.
 """
@@ -108,6 +110,7 @@ _FIELDS: Dict[str, tuple] = {
     "mode": ("mode", _mode),
     "approx": ("approx", _bool),
     "kv": ("kv_dtype", _kv),
+    "tf32": ("tf32", _bool),
 }
 _ALIASES = {"batch": "b", "h": "hq", "s": "sq"}
 _BACK = {v[0]: k for k, v in _FIELDS.items()}  # problem field -> spec field, for error messages

@@ -226,7 +226,12 @@ class KeyTuner:
     # ---- the study --------------------------------------------------------------------------------
     def run(self) -> KeyResult:
         """Tune the key; returns its result (upserting the winner and the trial summaries when done).
-        Raises KeyboardInterrupt (after marking the running trial failed) and FatalDeviceError."""
+        Raises KeyboardInterrupt (after marking the running trial failed) and FatalDeviceError. A float32
+        CUDA key is measured under the numerics it is keyed by (:func:`gate.key_numerics`)."""
+        with gate.key_numerics(self.problem):
+            return self._run()
+
+    def _run(self) -> KeyResult:
         t0 = time.time()
         space = SearchSpace(self.problem)
         if not space.candidates:

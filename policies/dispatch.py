@@ -103,7 +103,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                causal, window, scale, approx, grad,
-               None if kv_lens is None else (kv_lens.shape, kv_lens.dtype, kv_lens.device))
+               None if kv_lens is None else (kv_lens.shape, kv_lens.dtype, kv_lens.device), _numerics(q))
         slot = _get(sig)
     except (AttributeError, TypeError):  # not tensors / unhashable arguments: say which one
         validate_qkv(q, k, v, kv_lens)
@@ -142,7 +142,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     try:
         grad = _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         sig = (_DROPIN, query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
-               query.device, key.device, value.device, is_causal, scale, enable_gqa, grad)
+               query.device, key.device, value.device, is_causal, scale, enable_gqa, grad, _numerics(query))
         slot = _get(sig)
     except (AttributeError, TypeError):
         return _torch_sdpa(query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -186,6 +186,13 @@ def check_kv_lens(kv_lens: Tensor, seqlen_kv: int) -> None:
     if lo < 0 or hi > seqlen_kv:
         raise ValueError(f"kv_lens: values must lie in [0, {seqlen_kv}] (the key length), got min {lo}, "
                          f"max {hi} (checked because ATTNTUNE_CHECK=1; unchecked they are clamped)")
+
+
+def _numerics(q) -> Optional[bool]:
+    """What a float32 call's plan also depends on: whether its dots may run in TF32 (the problem's ``tf32``,
+    read from torch's ``float32_matmul_precision`` per call, so a plan made under one precision never
+    serves the other); None for every other dtype (one identity check on the hot path)."""
+    return torch.get_float32_matmul_precision() != "highest" if q.dtype is torch.float32 else None
 
 
 def _check_scalars(causal, scale, approx=None) -> None:
@@ -259,7 +266,7 @@ def _family_sig(tag, q, k, v, kv_lens, causal, align, window, scale, approx, gra
         return None
     c, a, w = canonical_mask(sq, skv, kvm is not None, bool(causal), align, window)
     return (tag, bucket(b), hq, hkv, bucket(sq), bucket(skv), d, dv, q.dtype, k.dtype, v.dtype, q.device,
-            k.device, v.device, c, a, w, scale, approx, grad, kvm)
+            k.device, v.device, c, a, w, scale, approx, grad, kvm, _numerics(q))
 
 
 def _reuse(sig, fam: Optional[tuple], q, k) -> Optional[Slot]:
@@ -464,7 +471,7 @@ def _op_slot(q, k, v, kv_lens, causal, top_left, wl, wr, scale, approx, grad) ->
     window = None if wl == NO_WINDOW else (wl, wr)
     appr = None if approx < 0 else bool(approx)
     sig = (_OP, q.shape, k.shape, v.shape, q.dtype, q.device, causal, top_left, window, scale, appr, grad,
-           None if kv_lens is None else (kv_lens.shape, kv_lens.dtype))
+           None if kv_lens is None else (kv_lens.shape, kv_lens.dtype), _numerics(q))
     slot = _get(sig)
     if slot is None:
         align = "top_left" if top_left else "bottom_right"

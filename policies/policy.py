@@ -29,7 +29,6 @@ from attntune.policies.config import LOG, RuntimeConfig
 from attntune.policies.index import MAX_NEAREST_DISTANCE, CacheIndex
 from attntune.policies.plan import Plan
 from attntune.problem import DECODE_MAX_SQ, AttentionProblem
-from attntune.tolerances import tf32_allowed
 
 # ---- the heuristic rule table ----------------------------------------------------------------------
 #: Head dims the SDPA flash/cuDNN kernels take natively (multiples of 8 up to 256); others drop to
@@ -79,9 +78,10 @@ HEURISTIC_RULES: Tuple[Rule, ...] = (
          ("triton_flash", "fp8_dequant"),
          "FP8 K/V, prefill: both dots on FP8 tensor cores read the codes as they are (H200, B1 S4096 D128 "
          "causal e4m3: 279 us against 333 us widened to bf16 for cuDNN; benchmarks/results/fp8_h200.json)"),
-    Rule("fp32-tf32", ("cuda",), lambda p: p.dtype == "float32" and tf32_allowed(),
+    Rule("fp32-tf32", ("cuda",), lambda p: p.tf32,
          ("triton_flash",),
-         "float32 with TF32 allowed (matmul precision not 'highest'): SDPA has no TF32 fused path"),
+         "float32 with TF32 allowed (matmul precision not 'highest'): SDPA has no TF32 fused path; ours is "
+         "4.7x SDPA default on the H200 (B4 H16 S4096 D128, benchmarks/results/probe_tf32_h200.json)"),
     Rule("sdpa-native", ("cuda",), _sdpa_native,
          ("sdpa_default",),
          "SDPA takes this mask (none / top-left causal) and head dim natively"),
