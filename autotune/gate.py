@@ -40,7 +40,7 @@ import torch
 from attntune.kernels.base import Config, Variant
 from attntune.kernels.reference import masked_softmax_attention
 from attntune.problem import AttentionProblem
-from attntune.tolerances import FP8_FWD, bwd_tol, fwd_tol, tf32_allowed
+from attntune.tolerances import FP8_FWD, bwd_tol, fwd_tol, tf32_active, tf32_allowed
 
 # Keys/values past kv_lens hold this value: finite (0·x stays 0 for kernels that load and mask), but far
 # outside N(0, 1), so an unmasked read moves the output well past any tolerance.
@@ -136,10 +136,7 @@ def key_numerics(problem: AttentionProblem) -> Iterator[None]:
     (``problem.tf32``: "high", else "highest"), so that its rows are measured under the numerics they
     serve; restored after. Already right (e.g. online tuning of the caller's own precision, in the
     caller's process) or any other key: untouched — the setting is process-wide."""
-    from attntune.tolerances import tf32_active
-
-    if problem.dtype != "float32" or problem.device_type != "cuda" or torch.version.hip \
-            or tf32_active(problem.dtype, problem.device_type) == problem.tf32:
+    if torch.version.hip or tf32_active(problem.dtype, problem.device_type) == problem.tf32:
         yield
         return
     old = torch.get_float32_matmul_precision()

@@ -45,6 +45,7 @@ from attntune.policies.plan import Plan
 from attntune.policies.policy import fallback_plan
 from attntune.policies.runtime import COUNTS as _COUNTS
 from attntune.policies.runtime import FAMILIES, SLOTS, Slot
+from attntune.tolerances import tf32_allowed
 from attntune.problem import (DTYPE_NAMES, AttentionProblem, canonical_mask, problem_from_tensors, validate_qkv,
                               validate_window)
 
@@ -192,7 +193,7 @@ def _numerics(q) -> Optional[bool]:
     """What a float32 call's plan also depends on: whether its dots may run in TF32 (the problem's ``tf32``,
     read from torch's ``float32_matmul_precision`` per call, so a plan made under one precision never
     serves the other); None for every other dtype (one identity check on the hot path)."""
-    return torch.get_float32_matmul_precision() != "highest" if q.dtype is torch.float32 else None
+    return tf32_allowed() if q.dtype is torch.float32 else None
 
 
 def _check_scalars(causal, scale, approx=None) -> None:
