@@ -3,7 +3,9 @@
 A template is an :class:`~attntune.problem.AttentionProblem` whose ``dtype`` and ``device_type`` are
 placeholders (``float32`` / ``cpu``): :func:`materialize` fills in the device the tuner runs on and the
 dtype (``--dtype``; by default float32 on the CPU, bfloat16 on a GPU), and optionally overrides the
-mode (``--mode``). Shapes follow the tensor layout of :mod:`attntune.problem`:
+mode (``--mode``). Two kinds of template pin their dtype when ``--dtype`` is not given: an FP8 K/V cache
+(``kv_dtype``; q in bfloat16) and a *TF32 template* (``tf32=True``, written on ``cuda``: float32 with
+TF32 dots on a CUDA device, exact float32 elsewhere). Shapes follow the tensor layout of :mod:`attntune.problem`:
 q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Skv, D]``.
 
 Sizes are chosen on bucket values of :func:`attntune.key.bucket`, so a suite problem *is* the
@@ -31,9 +33,11 @@ def _p(
     kv_lens: bool = False,
     mode: str = "fwd",
     kv_dtype=None,
+    tf32: bool = False,
 ) -> AttentionProblem:
     """A template (placeholder dtype/device; see module docstring), in canonical form (the runtime keys
-    calls by their canonical problem: causal + window ``(W, 0)`` is the window ``(W, 0)``)."""
+    calls by their canonical problem: causal + window ``(W, 0)`` is the window ``(W, 0)``). ``tf32``: a
+    float32 template with TF32 dots (written on ``cuda``, the only device where the flag is valid)."""
     return AttentionProblem(
         batch=b,
         heads_q=hq,
@@ -43,12 +47,13 @@ def _p(
         head_dim=d,
         head_dim_v=d,
         dtype="float32" if kv_dtype is None else "bfloat16",  # an FP8 K/V cache takes a 16-bit q
-        device_type="cpu",
+        device_type="cuda" if tf32 else "cpu",
         causal=causal,
         window=window,
         kv_lens=kv_lens,
         mode=mode,
         kv_dtype=kv_dtype,
+        tf32=tf32,
     ).canonical()
 
 
@@ -74,8 +79,8 @@ def _demo() -> List[AttentionProblem]:
 
 
 def _default() -> List[AttentionProblem]:
-    # The H200 mix (bf16 by default): prefill, chunked prefill, decode, sliding window. 33 keys, sized so
-    # that the whole suite tunes in minutes with --trials 24.
+    # The H200 mix (bf16 by default): prefill, chunked prefill, decode, sliding window, and three float32
+    # keys with TF32 dots. 36 keys, sized so that the whole suite tunes in minutes with --trials 24.
     out = [
         # prefill, head_dim 64
         _p(32, 16, 16, 512, 512, 64, causal=True),
@@ -118,6 +123,11 @@ def _default() -> List[AttentionProblem]:
         _p(2, 32, 8, 4096, 4096, 128, causal=True, window=(1024, 0)),
         _p(1, 32, 8, 16384, 16384, 128, causal=True, window=(1024, 0)),
         _p(1, 32, 8, 8192, 8192, 128, causal=True, window=(4096, 0)),
+        # float32 with TF32 dots (torch's float32_matmul_precision "high"; a separate key from exact
+        # float32): the Triton forward runs it 4.1-4.7x faster than SDPA's float32 (probe_tf32_h200.json)
+        _p(4, 16, 16, 4096, 4096, 128, tf32=True),
+        _p(4, 16, 16, 4096, 4096, 128, causal=True, tf32=True),
+        _p(8, 16, 16, 2048, 2048, 64, causal=True, mode="fwd_bwd", tf32=True),
     ]
     return out
 
@@ -210,7 +220,7 @@ SUITES: Dict[str, Suite] = {
         ),
         Suite(
             "default",
-            "GPU mix: prefill D64/80/96/128/256, chunked prefill, decode B1-64, sliding window",
+            "GPU mix: prefill D64/80/96/128/256, chunked prefill, decode B1-64, sliding window, float32 (TF32)",
             _default,
         ),
         Suite(
@@ -251,9 +261,13 @@ def materialize(
     seen = set()
     for t in templates:
         fields = t.model_dump()
-        # an FP8 K/V template needs a 16-bit q: float32 (the CPU's default) becomes bfloat16 there
-        fields.update(dtype="bfloat16" if t.kv_dtype is not None and dt == "float32" and dtype is None else dt,
-                      device_type=device_type)
+        if t.tf32 and dtype is None:
+            # a TF32 template keeps float32; TF32 dots exist on CUDA only (elsewhere: exact float32)
+            fields.update(dtype="float32", device_type=device_type, tf32=device_type == "cuda")
+        else:
+            # an FP8 K/V template needs a 16-bit q: float32 (the CPU's default) becomes bfloat16 there
+            fields.update(dtype="bfloat16" if t.kv_dtype is not None and dt == "float32" and dtype is None else dt,
+                          device_type=device_type, tf32=False)
         if mode is not None:
             fields["mode"] = mode
         p = AttentionProblem(**fields)

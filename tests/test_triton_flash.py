@@ -540,3 +540,38 @@ def test_fp32_forward_copies_v_keys_contiguous_only_for_tf32(precision, monkeypa
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     finally:
         torch.set_float32_matmul_precision(old)
+
+
+TF32_CASES = ["causal-sq>skv-empty-rows", "causal-top-left-sq<skv", "window-two-sided", "window-before-first-key",
+              "gqa-4:1", "mqa", "seqlen-1x97", "head-dim-40", "negative-scale"]
+
+
+@pytest.mark.parametrize("shape,kw", [c[1:] for c in CASES if c[0] in TF32_CASES], ids=TF32_CASES)
+def test_forward_backward_tf32_copies(shape, kw, monkeypatch):
+    """With TF32 allowed the forward copies V keys-contiguous and the backward reads three of its B tiles
+    from row/key-contiguous copies of q, dO and k (jit_bwd's ALT_B): outputs and gradients match the
+    reference, and equal those of the launches without the copies (in the interpreter, where TF32 dots are
+    exact float32, to the bit)."""
+    from attntune.kernels.triton_flash import launch
+
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        assert launch.tf32_b_copies(torch.float32) and not launch.tf32_b_copies(torch.bfloat16)
+        q, k, v = qkv(*shape)
+        check(q, k, v, config=SMALL_FWD, bwd_config=SMALL_BWD, **kw)
+
+        def grads():
+            qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+            out = flash_attention(qq, kk, vv, causal=kw.get("causal", False), causal_align=kw.get("align", "bottom_right"),
+                                  window=kw.get("window"), scale=kw.get("scale"), config=SMALL_FWD, bwd_config=SMALL_BWD)
+            out.backward(torch.ones_like(out) * 0.37)
+            return [out.detach()] + [t.grad for t in (qq, kk, vv)]
+
+        with_copies = grads()
+        monkeypatch.setattr(launch, "TF32_B_COPIES", False)
+        monkeypatch.setattr(launch, "TF32_V_KEYS", False)
+        for a, b in zip(with_copies, grads()):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+    finally:
+        torch.set_float32_matmul_precision(old)

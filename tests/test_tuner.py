@@ -870,17 +870,36 @@ def test_tune_one_for_the_online_policy(tmp_path):
 def test_suites_materialize_with_dtype_and_mode():
     for name, s in SUITES.items():
         ps = materialize(s.templates(), "cuda")
-        assert ps and all(p.dtype == "bfloat16" and p.device_type == "cuda" for p in ps), name
+        assert ps and all(p.device_type == "cuda" for p in ps), name
+        # bfloat16 unless the template pins float32 with TF32 dots
+        assert all((p.dtype, p.tf32) == (("float32", True) if t.tf32 else ("bfloat16", False))
+                   for t, p in zip(s.templates(), ps)), name
         fp = DeviceFingerprint(backend="cuda", arch="sm_90", name="x", units=1)
         for p in ps:  # suite sizes are bucket values: the tuner measures exactly the listed problem
             assert TuneKey.from_problem(p, fp).representative() == p, (name, p.short())
-    assert 25 <= len(SUITES["default"].templates()) <= 35
+    assert 25 <= len(SUITES["default"].templates()) <= 36
     assert {p.mode for p in SUITES["training"].templates()} == {"fwd_bwd"}
     assert {p.mode for p in SUITES["seed"].templates()} == {"fwd", "fwd_bwd"}
     demo = materialize(SUITES["demo"].templates(), "cpu", dtype="float64", mode="fwd_bwd")
     assert all(p.dtype == "float64" and p.mode == "fwd_bwd" for p in demo)
     res = runner.invoke(app, ["suites", "--json"])
     assert json.loads(res.output)["default"]["problems"] == len(SUITES["default"].templates())
+
+
+def test_default_suite_tf32_templates_keep_float32_unless_dtype_is_given():
+    """The default suite's float32 keys are tuned as float32 with TF32 dots on a GPU (the key a float32
+    call under precision "high" takes), as exact float32 on the CPU, and follow an explicit --dtype."""
+    tf32 = [t for t in SUITES["default"].templates() if t.tf32]
+    assert len(tf32) == 3 and {t.mode for t in tf32} == {"fwd", "fwd_bwd"}
+    on_gpu = [p for p in materialize(SUITES["default"].templates(), "cuda") if p.dtype == "float32"]
+    assert len(on_gpu) == 3 and all(p.tf32 for p in on_gpu)
+    on_cpu = [p for p in materialize(tf32, "cpu")]
+    assert all(p.dtype == "float32" and not p.tf32 and p.device_type == "cpu" for p in on_cpu)
+    forced = materialize(tf32, "cuda", dtype="float16")
+    assert all(p.dtype == "float16" and not p.tf32 for p in forced)
+    fp = DeviceFingerprint(backend="cuda", arch="sm_90", name="x", units=1)
+    keys = {TuneKey.from_problem(p, fp).key_id for p in on_gpu}
+    assert keys.isdisjoint(TuneKey.from_problem(p, fp).key_id for p in materialize(tf32, "cuda", dtype="float32"))
 
 
 @pytest.mark.parametrize("budget_units", [0, 1, 3, 8, 16])

@@ -11,6 +11,13 @@ FA2 scheme, without atomics (deterministic):
    and accumulates dQ = scale * dS K.
 
 with P = exp(S*scale - LSE) recomputed from the forward's LSE and dS = P * (dP - Delta), dP = dO V^T.
+
+``ALT_B`` (TF32 dots): three dots take a B operand whose tile is D-contiguous in the inputs' layout — dV's
+dO and dK's Q (``[BM, BD]``, K = rows) and dQ's K (``[BN, BD]``, K = keys) — and a TF32 wgmma on Hopper
+reads only K-major B operands (16-bit ones may be either). With ``ALT_B`` the launcher passes row-contiguous
+copies ``QB``/``DOB``/``KB`` (``x.transpose(2, 3).contiguous()``: ``[B, H, D, S]``, so element (s, d) of a
+head sits at ``d * S + s``) and those three dots read their B tiles from the copies; the other dots keep the
+D-contiguous tiles they need. Without it the kernels are the same code as before.
 Rows that admitted no key have LSE = -inf; it is replaced by +inf here so that P = 0 and their
 gradients are exactly zero. Rows past Sq and keys past Skv are loaded as zeros: a padded row gets
 LSE = +inf (P = 0), a padded key has K = V = 0, so neither contributes to any stored gradient.
@@ -132,6 +139,8 @@ def _dkdv_q_loop(
     v,
     q_base,
     do_base,
+    qb_base,
+    dob_base,
     lse_ptr,
     delta_ptr,
     stride_qm,
@@ -154,8 +163,10 @@ def _dkdv_q_loop(
     HAS_RIGHT: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    ALT_B: tl.constexpr,
 ):
-    """Accumulate dK, dV [BN, BD] (fp32) of a resident key block over query blocks [start, end)."""
+    """Accumulate dK, dV [BN, BD] (fp32) of a resident key block over query blocks [start, end). With
+    ``ALT_B`` dV's dO and dK's Q tiles come from the row-contiguous copies at ``dob_base``/``qb_base``."""
     offs_m = tl.arange(0, BLOCK_M)
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
@@ -185,10 +196,20 @@ def _dkdv_q_loop(
             MASKED,
             EVEN_D,
         )  # [BM, BD]
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PREC)
+        if ALT_B:
+            do_b = load_tile(dob_base + rows[:, None] + offs_d[None, :] * seqlen_q, row_ok[:, None], d_ok[None, :],
+                             MASKED, EVEN_D)  # [BM, BD], rows contiguous
+            dv = tl.dot(pt.to(do.dtype), do_b, dv, input_precision=DOT_PREC)
+        else:
+            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PREC)
         dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # [BN, BM]
         dst = pt * (dpt - delta[None, :])
-        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PREC)
+        if ALT_B:
+            q_b = load_tile(qb_base + rows[:, None] + offs_d[None, :] * seqlen_q, row_ok[:, None], d_ok[None, :],
+                            MASKED, EVEN_D)  # [BM, BD], rows contiguous
+            dk = tl.dot(dst.to(qt.dtype), q_b, dk, input_precision=DOT_PREC)
+        else:
+            dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PREC)
     return dk, dv
 
 
@@ -202,6 +223,8 @@ def bwd_dkdv_kernel(
     DELTA,
     DK,
     DV,
+    QB,  # ALT_B: q and dO copied row-contiguous ([B, Hq, D, Sq]); None otherwise
+    DOB,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -243,6 +266,7 @@ def bwd_dkdv_kernel(
     HAS_RIGHT: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    ALT_B: tl.constexpr,
 ):
     """Grid: cdiv(Skv, BLOCK_N) * B * Hkv. BLOCK_N keys stay resident; BLOCK_M query rows are streamed.
     DK/DV [B, Hkv, Skv, D] any strides; LSE/DELTA [B, Hq, Sq] contiguous fp32."""
@@ -284,6 +308,13 @@ def bwd_dkdv_kernel(
         off_h = off_hk * group + g  # the query heads that read this kv head
         q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
         do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        if ALT_B:
+            head_copy = (off_b * heads_q + off_h).to(tl.int64) * seqlen_q * head_dim
+            qb_base = QB + head_copy
+            dob_base = DOB + head_copy
+        else:
+            qb_base = q_base
+            dob_base = do_base
         row_stats = (off_b * heads_q + off_h).to(tl.int64) * seqlen_q
         lse_ptr = LSE + row_stats
         delta_ptr = DELTA + row_stats
@@ -295,6 +326,8 @@ def bwd_dkdv_kernel(
                 v,
                 q_base,
                 do_base,
+                qb_base,
+                dob_base,
                 lse_ptr,
                 delta_ptr,
                 stride_qm,
@@ -317,6 +350,7 @@ def bwd_dkdv_kernel(
                 HAS_RIGHT,
                 EVEN_D,
                 DOT_PREC,
+                ALT_B,
             )
         dk, dv = _dkdv_q_loop(
             dk,
@@ -325,6 +359,8 @@ def bwd_dkdv_kernel(
             v,
             q_base,
             do_base,
+            qb_base,
+            dob_base,
             lse_ptr,
             delta_ptr,
             stride_qm,
@@ -347,6 +383,7 @@ def bwd_dkdv_kernel(
             HAS_RIGHT,
             EVEN_D,
             DOT_PREC,
+            ALT_B,
         )
         dk, dv = _dkdv_q_loop(
             dk,
@@ -355,6 +392,8 @@ def bwd_dkdv_kernel(
             v,
             q_base,
             do_base,
+            qb_base,
+            dob_base,
             lse_ptr,
             delta_ptr,
             stride_qm,
@@ -377,6 +416,7 @@ def bwd_dkdv_kernel(
             HAS_RIGHT,
             EVEN_D,
             DOT_PREC,
+            ALT_B,
         )
 
     dk = dk * sm_scale
@@ -411,6 +451,7 @@ def _dq_kv_loop(
     delta,
     k_base,
     v_base,
+    kb_base,
     stride_kn,
     stride_kd,
     stride_vn,
@@ -431,8 +472,10 @@ def _dq_kv_loop(
     HAS_RIGHT: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    ALT_B: tl.constexpr,
 ):
-    """Accumulate dQ [BM, BD] (fp32, unscaled) of a resident query block over key blocks [start, end)."""
+    """Accumulate dQ [BM, BD] (fp32, unscaled) of a resident query block over key blocks [start, end). With
+    ``ALT_B`` the dQ dot's K tile comes from the keys-contiguous copy at ``kb_base``."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
@@ -463,7 +506,12 @@ def _dq_kv_loop(
         )  # [BD, BN]
         dp = tl.dot(do, vt, input_precision=DOT_PREC)  # [BM, BN]
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PREC)
+        if ALT_B:
+            k_b = load_tile(kb_base + cols[:, None] + offs_d[None, :] * seqlen_kv, col_ok[:, None], d_ok[None, :],
+                            MASKED, EVEN_D)  # [BN, BD], keys contiguous
+            dq = tl.dot(ds.to(kt.dtype), k_b, dq, input_precision=DOT_PREC)
+        else:
+            dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=DOT_PREC)
     return dq
 
 
@@ -476,6 +524,7 @@ def bwd_dq_kernel(
     LSE,
     DELTA,
     DQ,
+    KB,  # ALT_B: k copied keys-contiguous ([B, Hkv, D, Skv]); None otherwise
     stride_qb,
     stride_qh,
     stride_qm,
@@ -513,6 +562,7 @@ def bwd_dq_kernel(
     HAS_RIGHT: tl.constexpr,
     EVEN_D: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    ALT_B: tl.constexpr,
 ):
     """Grid: cdiv(Sq, BLOCK_M) * B * Hq. BLOCK_M query rows stay resident; BLOCK_N keys are streamed.
     DQ [B, Hq, Sq, D] any strides."""
@@ -554,6 +604,10 @@ def bwd_dq_kernel(
     lse, delta = _load_row_stats(LSE + row_stats, DELTA + row_stats, offs_m, row_ok, True)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
+    if ALT_B:
+        kb_base = KB + (off_b * (heads_q // group) + off_hk).to(tl.int64) * seqlen_kv * head_dim
+    else:
+        kb_base = k_base
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     lo, b, c, hi = kv_block_range(
@@ -568,6 +622,7 @@ def bwd_dq_kernel(
             delta,
             k_base,
             v_base,
+            kb_base,
             stride_kn,
             stride_kd,
             stride_vn,
@@ -588,6 +643,7 @@ def bwd_dq_kernel(
             HAS_RIGHT,
             EVEN_D,
             DOT_PREC,
+            ALT_B,
         )
     dq = _dq_kv_loop(
         dq,
@@ -597,6 +653,7 @@ def bwd_dq_kernel(
         delta,
         k_base,
         v_base,
+        kb_base,
         stride_kn,
         stride_kd,
         stride_vn,
@@ -617,6 +674,7 @@ def bwd_dq_kernel(
         HAS_RIGHT,
         EVEN_D,
         DOT_PREC,
+        ALT_B,
     )
     dq = _dq_kv_loop(
         dq,
@@ -626,6 +684,7 @@ def bwd_dq_kernel(
         delta,
         k_base,
         v_base,
+        kb_base,
         stride_kn,
         stride_kd,
         stride_vn,
@@ -646,6 +705,7 @@ def bwd_dq_kernel(
         HAS_RIGHT,
         EVEN_D,
         DOT_PREC,
+        ALT_B,
     )
 
     dq = dq * sm_scale

@@ -134,6 +134,17 @@ def v_keys_contiguous(q_dtype: torch.dtype, fp8: bool) -> bool:
     return TF32_V_KEYS and q_dtype == torch.float32 and dot_precision(q_dtype) == "tf32"
 
 
+# Copy q, dO and k for the TF32 backward's B operands (module switch: benchmarks/probe_tf32.py times both).
+TF32_B_COPIES = True
+
+
+def tf32_b_copies(q_dtype: torch.dtype) -> bool:
+    """Whether the backward gives its kernels row-contiguous copies of q and dO and a keys-contiguous copy
+    of k (``jit_bwd``'s ``ALT_B``): TF32 dots, whose wgmma B operand must be K-major, as for V in the
+    forward (:func:`v_keys_contiguous`). Three extra copies of inputs the backward reads anyway."""
+    return TF32_B_COPIES and q_dtype == torch.float32 and dot_precision(q_dtype) == "tf32"
+
+
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskArgs, sm_scale: float, config: FlashFwdConfig,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
@@ -220,6 +231,10 @@ def backward(
         "DOT_PREC": dot_precision(q.dtype),
     }
     opts = config.launch_opts()
+    # TF32: three backward dots read row/key-contiguous copies of q, dO and k (jit_bwd's ALT_B)
+    alt = tf32_b_copies(q.dtype)
+    common["ALT_B"] = alt
+    qb, dob, kb = (t.transpose(2, 3).contiguous() for t in (q, do, k)) if alt else (None, None, None)
 
     delta = _empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     pre_bm = 64
@@ -237,6 +252,8 @@ def backward(
         delta,
         dk,
         dv,
+        qb,
+        dob,
         *q.stride(),
         *k.stride(),
         *v.stride(),
@@ -268,6 +285,7 @@ def backward(
         lse,
         delta,
         dq,
+        kb,
         *q.stride(),
         *k.stride(),
         *v.stride(),

@@ -14,6 +14,7 @@ from attntune.kernels.launch_config import ON_ROCM, LaunchConfig
 from attntune.kernels.triton_common import block_d
 from attntune.kernels.triton_flash.config import (FlashFwdConfig, FlashTrainConfig, default_fwd_config,
                                                   default_train_config)
+from attntune.kernels.triton_flash.launch import tf32_b_copies
 
 from attntune.problem import AttentionProblem
 
@@ -111,6 +112,8 @@ def constraint_reasons(config: LaunchConfig, head_dim: int, dtype: torch.dtype, 
     if isinstance(config, FlashTrainConfig):
         bm, bn, w, s = config.BWD_BLOCK_M, config.BWD_BLOCK_N, config.BWD_WARPS, config.BWD_STAGES
         smem = bwd_smem_bytes(bm, bn, bd, es, s)
+        if tf32_b_copies(dtype):  # dV's dO and dK's Q tiles come from the copies too (jit_bwd's ALT_B)
+            smem += 2 * bm * bd * es * max(s, 1)
         if smem > limit:
             out.append(f"backward shared memory ~{smem} B > {limit} B on {arch}")
         regs = bwd_regs_per_thread(bm, bn, bd, w)
