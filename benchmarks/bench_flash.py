@@ -40,6 +40,7 @@ CASES = [
     ("dense-fwd-S4096-D96", 8, 32, 32, 4096, 96, "bfloat16", False, None, "fwd", False),
     ("window1024-fwdbwd-S16384", 1, 32, 32, 16384, 128, "bfloat16", True, (1024, 0), "fwd_bwd", False),
     ("fp32-tf32-fwd-S4096", 4, 16, 16, 4096, 128, "float32", False, None, "fwd", True),
+    ("fp32-tf32-fwdbwd-S4096", 4, 16, 16, 4096, 128, "float32", True, None, "fwd_bwd", True),
     ("dense-fwdbwd-S8192", 4, 32, 32, 8192, 128, "bfloat16", False, None, "fwd_bwd", False),
     ("causal-fwdbwd-S8192", 4, 32, 32, 8192, 128, "bfloat16", True, None, "fwd_bwd", False),
     # the training keys of benchmarks/regret.py (families16)
@@ -507,6 +508,7 @@ def summary(cases: list[dict]) -> dict:
         "window_fwdbwd_ms": _ms(win, "triton_flash"),
         "flex_window_fwdbwd_ms": _ms(win, "flex"),
         "fp32_d128_vs_sdpa": _speedup(by.get("fp32-tf32-fwd-S4096"), "sdpa_default"),
+        "fp32_d128_causal_fwdbwd_vs_sdpa": _speedup(by.get("fp32-tf32-fwdbwd-S4096"), "sdpa_default"),
         "dispatch_dense_geomean": None,
         "dispatch_dense_min": None,
         "fwd_best_ms_by_loads": {n: b for n, b in ((c["name"], best_by_knob(c)) for c in cases) if b},

@@ -96,6 +96,11 @@ KEY_SETS: Dict[str, List[Tuple[str, AttentionProblem]]] = {
         ("fp32", _p(2, 16, 16, 1024, 1024, 64, dtype="float32", causal=True)),
         ("fp32", _p(4, 32, 8, 1, 2048, 64, dtype="float32", kv_lens=True)),
     ],
+    # float32 with TF32 dots (the default suite's fp32 keys are of this kind since 2026-12-04)
+    "tf32": [
+        ("fp32_tf32", _p(4, 16, 16, 4096, 4096, 128, dtype="float32", causal=True, tf32=True)),
+        ("fp32_tf32", _p(8, 16, 16, 2048, 2048, 64, dtype="float32", causal=True, tf32=True, mode="fwd_bwd")),
+    ],
     # CPU smoke test of this script (the SDPA CPU backends and eager).
     "cpu2": [("dense_prefill", _p(2, 4, 4, 128, 128, 64, dtype="float32", device="cpu")),
              ("dense_prefill", _p(2, 4, 4, 128, 128, 64, dtype="float32", device="cpu", causal=True))],
@@ -173,7 +178,13 @@ def reference_share(left_s: float, keys_left: int, tune_s: float) -> float:
 
 def reference_search(problem, device, configs, prune: float, deadline: float) -> dict:
     """Measure ``configs`` in order (gate, cheap timing, full timing unless pruned) until ``deadline``:
-    the best one, counts, and ``cut_short`` (configs left unmeasured)."""
+    the best one, counts, and ``cut_short`` (configs left unmeasured). Under the key's numerics (a TF32
+    key with TF32 dots), as the tuner measures it."""
+    with gate.key_numerics(problem):
+        return _reference_search(problem, device, configs, prune, deadline)
+
+
+def _reference_search(problem, device, configs, prune: float, deadline: float) -> dict:
     inp = gate.prepare(problem, device, seed=7)
     timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
     best_ms, best, n_full, n_pruned, n_failed = math.inf, None, 0, 0, 0
@@ -201,7 +212,13 @@ def reference_search(problem, device, configs, prune: float, deadline: float) ->
 
 
 def retime(problem, a, b, device, rounds=5):
-    """Median ms of two (variant, config) winners, timed alternately on the same inputs."""
+    """Median ms of two (variant, config) winners, timed alternately on the same inputs (under the key's
+    numerics)."""
+    with gate.key_numerics(problem):
+        return _retime(problem, a, b, device, rounds)
+
+
+def _retime(problem, a, b, device, rounds):
     inp = gate.prepare(problem, device, seed=123)
     timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
     calls = []
@@ -246,36 +263,42 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3) -> List[dict]
             continue
         try:
             problem = rec.key.representative()
-            inp = gate.prepare(problem, device, key_seed(rec.key_id, 0))
-            grads = problem.mode == "fwd_bwd"
-            calls = [make_call(registry.get(rec.variant), rec.config, inp, grads=grads)]
-            # the companion timed beside it: the baseline; for a baseline winner (timed against itself
-            # it would say nothing) the stored runner-up, so that every row with one has a ratio check
-            comp = companion(rec, problem, inp)
-            if comp is not None:
-                calls.append(make_call(registry.get(comp[0]), comp[1], inp, grads=grads))
-            timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
-            for fn, grads in calls:
-                timer.cheap(fn, grads)  # warm-up (compiles)
-            meter = _meter(device, period=0.02)
-            with meter:
-                ts = interleaved(timer, calls, rounds)
-            # the card's state while timing (SM clock, power): tells a throttled card from a slower kernel
-            row.update({k: meter.result[k] for k in ("sm_mhz", "power_w") if k in meter.result})
-            # the estimator the tuner stores (autotune.confirm): the median of rounds on a GPU, their
-            # minimum on a CPU (robust to preemption)
-            est = [min(t) if device.type == "cpu" else statistics.median(t) for t in ts]
-            row.update(now_ms=est[0], error_frac=est[0] / rec.median_ms - 1)
-            if len(est) == 2:
-                row.update(companion=comp[0], companion_stored_ms=comp[2], companion_now_ms=est[1],
-                           relative_error=(est[0] / est[1]) / (rec.median_ms / comp[2]) - 1)
-                if comp[0] == BASELINE:
-                    row["baseline_now_ms"] = est[1]
+            with gate.key_numerics(problem):  # a TF32 row is re-timed with TF32 dots, as it was tuned
+                _fidelity_row(row, rec, problem, device, rounds)
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def _fidelity_row(row: dict, rec, problem, device, rounds: int) -> None:
+    """Fill ``row`` with the re-timed winner of ``rec`` and its companion (see :func:`fidelity`)."""
+    inp = gate.prepare(problem, device, key_seed(rec.key_id, 0))
+    grads = problem.mode == "fwd_bwd"
+    calls = [make_call(registry.get(rec.variant), rec.config, inp, grads=grads)]
+    # the companion timed beside it: the baseline; for a baseline winner (timed against itself
+    # it would say nothing) the stored runner-up, so that every row with one has a ratio check
+    comp = companion(rec, problem, inp)
+    if comp is not None:
+        calls.append(make_call(registry.get(comp[0]), comp[1], inp, grads=grads))
+    timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
+    for fn, grads in calls:
+        timer.cheap(fn, grads)  # warm-up (compiles)
+    meter = _meter(device, period=0.02)
+    with meter:
+        ts = interleaved(timer, calls, rounds)
+    # the card's state while timing (SM clock, power): tells a throttled card from a slower kernel
+    row.update({k: meter.result[k] for k in ("sm_mhz", "power_w") if k in meter.result})
+    # the estimator the tuner stores (autotune.confirm): the median of rounds on a GPU, their
+    # minimum on a CPU (robust to preemption)
+    est = [min(t) if device.type == "cpu" else statistics.median(t) for t in ts]
+    row.update(now_ms=est[0], error_frac=est[0] / rec.median_ms - 1)
+    if len(est) == 2:
+        row.update(companion=comp[0], companion_stored_ms=comp[2], companion_now_ms=est[1],
+                   relative_error=(est[0] / est[1]) / (rec.median_ms / comp[2]) - 1)
+        if comp[0] == BASELINE:
+            row["baseline_now_ms"] = est[1]
 
 
 def _meter(device, period: float):

@@ -210,3 +210,53 @@ def test_unknown_key_set_is_refused_before_any_timing(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "--keys" in r.stderr and "unknown key set" in r.stderr, r.stderr
     assert not out.exists()
+
+
+def test_every_timing_path_runs_under_the_keys_numerics(tmp_path, monkeypatch):
+    """A TF32 key (float32 with TF32 dots) must be re-timed, searched and compared under TF32, as the tuner
+    measured it: fidelity, the reference search and the re-time all enter ``gate.key_numerics`` with the
+    key's problem (CPU: recorded with a stand-in, since a TF32 problem exists on CUDA only)."""
+    import contextlib
+    import time
+
+    import torch
+
+    from attntune.autotune import gate
+    from attntune.cache import CacheStore, WinnerRecord, utcnow
+    from attntune.device import device_fingerprint, software_fingerprint
+    from attntune.kernels import registry
+    from attntune.key import TuneKey
+
+    regret = _regret_module()
+    entered, inside = [], []
+    real_prepare = gate.prepare
+
+    @contextlib.contextmanager
+    def recording(problem):
+        entered.append(problem)
+        inside.append(True)
+        try:
+            yield
+        finally:
+            inside.pop()
+
+    def prepare(problem, device, seed):
+        assert inside, "inputs prepared outside the key's numerics"
+        return real_prepare(problem, device, seed)
+
+    monkeypatch.setattr(gate, "key_numerics", recording)
+    monkeypatch.setattr(gate, "prepare", prepare)
+    p = regret._p(2, 4, 4, 64, 64, 32, dtype="float32", device="cpu", causal=True)
+    key = TuneKey.from_problem(p, device_fingerprint("cpu"))
+    rec = WinnerRecord(key=key, variant="sdpa_math", config={}, median_ms=0.5, sdpa_default_ms=0.25,
+                       fingerprint=software_fingerprint(registry.get("sdpa_math").source_hash(), "cpu"),
+                       created_at=utcnow())
+    st = CacheStore(str(tmp_path / "c.db"))
+    assert st.upsert_winner(rec)
+    st.dispose()
+    (row,) = regret.fidelity(str(tmp_path / "c.db"), torch.device("cpu"), time.time() + 120, rounds=1)
+    assert "error" not in row and entered[-1] == key.representative()
+    ref = regret.reference_search(p, torch.device("cpu"), [("sdpa_math", {})], 1.5, time.time() + 120)
+    assert ref["best"] == ("sdpa_math", {}) and entered[-1] == p
+    ta, tb = regret.retime(p, ("sdpa_math", {}), ("sdpa_default", {}), torch.device("cpu"), rounds=1)
+    assert ta > 0 and tb > 0 and entered[-1] == p and len(entered) == 3
