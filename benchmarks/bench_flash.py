@@ -515,6 +515,39 @@ def summary(cases: list[dict]) -> dict:
     }
 
 
+def merge(paths: list[str], suite_json: str | None = None) -> dict:
+    """One document from several runs: each case from the newest run (by its environment's date) that
+    timed it (every figure of a case stays side by side within that run; ``merged_from`` names each
+    file and its cases), the summary recomputed; the dispatch figures from a ``bench_suite`` JSON."""
+    docs = []
+    for p in paths:
+        with open(p) as f:
+            docs.append((p, json.load(f)))
+    docs.sort(key=lambda pd: (pd[1].get("environment") or {}).get("date") or "")
+    by: dict = {}
+    origin: dict = {}
+    for p, d in docs:
+        for c in d.get("cases", []):
+            if c.get("results"):
+                by[c["name"]] = c
+                origin[c["name"]] = p
+    order = [c[0] for c in CASES]
+    cases = sorted(by.values(), key=lambda c: order.index(c["name"]) if c["name"] in order else len(order))
+    out = {"environment": docs[-1][1].get("environment") if docs else None,
+           "method": __doc__.strip().splitlines()[0],
+           "merged_from": [{"file": os.path.basename(p), "date": (d.get("environment") or {}).get("date"),
+                            "cases": sorted(n for n, o in origin.items() if o == p)} for p, d in docs],
+           "cases": cases}
+    out["summary"] = summary(cases)
+    if suite_json:
+        with open(suite_json) as f:
+            dense = (json.load(f).get("summary") or {}).get("dense") or {}
+        out["summary"]["dispatch_dense_geomean"] = dense.get("geomean_vs_sdpa_default")
+        out["summary"]["dispatch_dense_min"] = dense.get("min_vs_sdpa_default")
+        out["summary"]["dispatch_from"] = os.path.basename(suite_json)
+    return out
+
+
 def table(cases: list[dict]) -> str:
     lines = [f"{'case':28s} {'impl':18s} {'ms':>9s} {'TFLOP/s':>8s} {'ours x':>7s}"]
     for c in cases:
@@ -547,7 +580,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="tiny cases on the CPU (interpreter)")
     ap.add_argument("--wide-bwd", action="store_true",
                     help="sweep the backward over WIDE_BWD (shared-memory fit only), not the tuning space")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="combine these runs into --out (no timing)")
+    ap.add_argument("--suite-json", help="with --merge: the bench_suite JSON the dispatch figures come from")
     args = ap.parse_args(argv)
+    if args.merge:
+        doc = merge(args.merge, args.suite_json)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+        print(json.dumps(doc["summary"], indent=1, default=str))
+        return 0
     global DEV
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
