@@ -541,10 +541,12 @@ def merge(paths: list[str], suite_json: str | None = None) -> dict:
     out["summary"] = summary(cases)
     if suite_json:
         with open(suite_json) as f:
-            dense = (json.load(f).get("summary") or {}).get("dense") or {}
+            sdoc = json.load(f)
+        dense = (sdoc.get("summary") or {}).get("dense") or {}
         out["summary"]["dispatch_dense_geomean"] = dense.get("geomean_vs_sdpa_default")
         out["summary"]["dispatch_dense_min"] = dense.get("min_vs_sdpa_default")
-        out["summary"]["dispatch_from"] = os.path.basename(suite_json)
+        out["summary"]["dispatch_from"] = {"file": os.path.basename(suite_json),
+                                           "date": (sdoc.get("environment") or {}).get("date")}
     return out
 
 

@@ -43,6 +43,7 @@ def test_merge_takes_each_case_from_the_newest_run(tmp_path):
     assert s["dense_fwd_d128_vs_cudnn"] == 0.95 and s["dense_fwd_d64_vs_cudnn"] == 0.9
     assert s["dense_fwd_d96_vs_cudnn"] is None
     assert s["dispatch_dense_geomean"] == 1.01 and s["dispatch_dense_min"] == 0.97
+    assert s["dispatch_from"] == {"file": "suite.json", "date": None}
     files = {m["file"]: m["cases"] for m in out["merged_from"]}
     assert files == {"old.json": ["dense-fwd-S4096-D64"], "new.json": ["dense-fwd-S4096"]}
     assert out["environment"]["date"].startswith("2026-12-04")
