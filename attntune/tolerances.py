@@ -49,13 +49,19 @@ def tf32_allowed() -> bool:
     return torch.get_float32_matmul_precision() != "highest"
 
 
+def tf32_supported(device_type: str) -> bool:
+    """Whether float32 dots can run in TF32 on ``device_type`` at all: NVIDIA GPUs (a ROCm build's
+    kernels keep IEEE float32 dots; CPUs have no TF32). A TF32 key exists only where this holds."""
+    if device_type != "cuda":
+        return False
+    import torch
+
+    return not torch.version.hip
+
+
 def tf32_active(dtype: str, device_type: str) -> bool:
     """Whether a problem of ``dtype`` on ``device_type`` runs its dots in TF32 now: float32 on an NVIDIA
     GPU with TF32 allowed (ROCm kernels keep IEEE float32 dots; CPUs have no TF32). It is part of the
     problem and its tune key (``tf32``): the fastest implementation differs by far between the two
     numerics (the TF32 forward is ~4.7x SDPA on the H200, the IEEE one is not)."""
-    if dtype != "float32" or device_type != "cuda":
-        return False
-    import torch
-
-    return not torch.version.hip and tf32_allowed()
+    return dtype == "float32" and tf32_supported(device_type) and tf32_allowed()

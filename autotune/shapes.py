@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional
 from pydantic import ValidationError
 
 from attntune.problem import DTYPES, AttentionProblem
+from attntune.tolerances import tf32_supported
 
 
 class ShapeSpecError(ValueError):
@@ -142,6 +143,8 @@ def parse_shape(spec: str, *, device_type: str, dtype: str, mode: Optional[str] 
     values.setdefault("seqlen_kv", values["seqlen_q"])
     values.setdefault("head_dim_v", values["head_dim"])
     values.setdefault("dtype", dtype)
+    if values.get("tf32") and device_type == "cuda" and not tf32_supported(device_type):
+        raise ShapeSpecError("field tf32: this GPU's kernels keep IEEE float32 dots (ROCm): no TF32 key")
     if mode is not None:
         values.setdefault("mode", mode)
     try:

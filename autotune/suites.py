@@ -5,7 +5,7 @@ placeholders (``float32`` / ``cpu``): :func:`materialize` fills in the device th
 dtype (``--dtype``; by default float32 on the CPU, bfloat16 on a GPU), and optionally overrides the
 mode (``--mode``). Two kinds of template pin their dtype when ``--dtype`` is not given: an FP8 K/V cache
 (``kv_dtype``; q in bfloat16) and a *TF32 template* (``tf32=True``, written on ``cuda``: float32 with
-TF32 dots on a CUDA device, exact float32 elsewhere). Shapes follow the tensor layout of :mod:`attntune.problem`:
+TF32 dots on an NVIDIA GPU, exact float32 elsewhere, ROCm included). Shapes follow the tensor layout of :mod:`attntune.problem`:
 q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Skv, D]``.
 
 Sizes are chosen on bucket values of :func:`attntune.key.bucket`, so a suite problem *is* the
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from attntune.problem import AttentionProblem
+from attntune.tolerances import tf32_supported
 
 
 def _p(
@@ -262,8 +263,9 @@ def materialize(
     for t in templates:
         fields = t.model_dump()
         if t.tf32 and dtype is None:
-            # a TF32 template keeps float32; TF32 dots exist on CUDA only (elsewhere: exact float32)
-            fields.update(dtype="float32", device_type=device_type, tf32=device_type == "cuda")
+            # a TF32 template keeps float32; TF32 dots exist on NVIDIA GPUs only (elsewhere, ROCm included,
+            # exact float32: the key a float32 call there looks up)
+            fields.update(dtype="float32", device_type=device_type, tf32=tf32_supported(device_type))
         else:
             # an FP8 K/V template needs a 16-bit q: float32 (the CPU's default) becomes bfloat16 there
             fields.update(dtype="bfloat16" if t.kv_dtype is not None and dt == "float32" and dtype is None else dt,

@@ -129,3 +129,18 @@ def test_heuristic_sends_tf32_float32_to_the_triton_forward_and_exact_float32_el
     assert tf32.impl.name == "triton_flash" and any("rule fp32-tf32" in r for r in tf32.reasons), tf32.reasons
     exact = policy.heuristic_plan(_prob(causal=True), None, set())
     assert not any("rule fp32-tf32" in r for r in exact.reasons), exact.reasons
+
+
+def test_no_tf32_key_on_rocm(monkeypatch):
+    """ROCm kernels keep IEEE float32 dots: a float32 call there is never keyed tf32, so neither the
+    default suite's TF32 templates nor ``--shape ...,tf32=1`` make a TF32 key on ROCm (exact float32 keys
+    instead / a clear error naming the field)."""
+    from attntune.autotune.suites import SUITES, materialize
+
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    assert not tf32_active("float32", "cuda")
+    fp32 = [p for p in materialize(SUITES["default"].templates(), "cuda") if p.dtype == "float32"]
+    assert len(fp32) == 3 and not any(p.tf32 for p in fp32)
+    with pytest.raises(ShapeSpecError, match="field tf32"):
+        parse_shape("hq=4,sq=64,d=64,tf32=1", device_type="cuda", dtype="float32")
