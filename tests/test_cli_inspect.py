@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from attntune.cache import CacheStore
@@ -91,5 +93,23 @@ def test_doctor(tmp_path, monkeypatch):
     by_name = {v["variant"]: v for v in rep["variants"]}
     assert by_name["sdpa_math"]["prefill"] == []
     assert by_name["sdpa_cudnn"]["prefill"] == ["needs a CUDA/ROCm device"]
+    assert rep["float32_tf32"]["active"] is False and rep["float32_tf32"]["supported"] is False
     r = runner.invoke(app, ["doctor"])
-    assert r.exit_code == 0 and "ghost" in r.output
+    assert r.exit_code == 0 and "ghost" in r.output and "no TF32 on this device" in r.output
+
+
+@pytest.mark.parametrize("hip, precision, active, says", [
+    (None, "highest", False, "set_float32_matmul_precision('high')"),
+    (None, "high", True, "use TF32 dots"),
+    ("6.2", "high", False, "ROCm kernels keep IEEE float32"),
+])
+def test_doctor_says_how_float32_calls_run_on_a_gpu(monkeypatch, hip, precision, active, says):
+    """The fp32 line of ``doctor`` on a GPU: TF32 in use or not, and how to turn it on (CUDA only)."""
+    import torch
+
+    from attntune.cli.inspect_cmds import _tf32_line
+
+    monkeypatch.setattr(torch.version, "hip", hip, raising=False)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: precision)
+    line = _tf32_line("cuda")
+    assert line["active"] is active and line["supported"] is (hip is None) and says in line["why"]

@@ -231,6 +231,22 @@ def _fail_on_unusable(caches: List[Dict[str, Any]]) -> None:
                        + "; ".join(f"{c['layer']} {c['url']} ({c['reason']})" for c in bad))
 
 
+def _tf32_line(device_type: str) -> dict:
+    """Whether float32 calls here run their dots in TF32 (their own tune key) and how to change it."""
+    from attntune.tolerances import tf32_active, tf32_supported
+
+    if not tf32_supported(device_type):
+        why = ("float32 calls run exact float32 dots (ROCm kernels keep IEEE float32)" if device_type == "cuda"
+               else "float32 calls run exact float32 (no TF32 on this device)")
+        return {"active": False, "supported": False, "why": why}
+    if tf32_active("float32", device_type):
+        return {"active": True, "supported": True,
+                "why": "float32 calls use TF32 dots (keys marked tf32; tuned by the default suite)"}
+    return {"active": False, "supported": True,
+            "why": "float32 calls run exact float32; torch.set_float32_matmul_precision('high') lets them use "
+                   "TF32 dots (their own keys: ~4.7x SDPA forward on an H200, benchmarks/results/probe_tf32_h200.json)"}
+
+
 @app.command()
 def doctor(
     cache: Optional[str] = typer.Option(None, "--cache", help="User cache path or SQLAlchemy URL."),
@@ -276,6 +292,7 @@ def doctor(
         "device": fp.model_dump(), "software": sw.model_dump(exclude={"variant_hash"}),
         "python": sys.version.split()[0], "platform": platform.platform(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "float32_tf32": _tf32_line(dev.type),
         "caches": caches, "variants": variants, "unavailable_modules": UNAVAILABLE,
     }
     if as_json:
@@ -285,7 +302,8 @@ def doctor(
     console.print(f"[bold]device[/bold]   {fp.label()}  (backend {fp.backend})")
     console.print("[bold]software[/bold] " + ", ".join(f"{k} {v}" for k, v in report["software"].items() if v))
     console.print(f"[bold]python[/bold]   {report['python']} on {report['platform']}")
-    console.print(f"[bold]fp32 matmul precision[/bold] {report['float32_matmul_precision']}")
+    console.print(f"[bold]fp32 matmul precision[/bold] {report['float32_matmul_precision']}: "
+                  f"{report['float32_tf32']['why']}")
     _print_layers(caches, show_all)
     hints = sum(c.get("hints") or 0 for c in caches)
     if hints:  # one info line: stale by versions only, still used (attntune.policies.policy)
