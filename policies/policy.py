@@ -159,7 +159,15 @@ def _make(name: str, config: Optional[dict], source: str, problem: AttentionProb
 
 
 def _timing_note(key: TuneKey) -> str:
-    """How the row's time was measured (the tuner's rule, autotune.timing.graph_timed)."""
+    """How the row's time was measured (the tuner's rule, autotune.timing.graph_timed; a TF32 key under
+    TF32 dots, gate.key_numerics)."""
+    note = _timing_mode(key)
+    if getattr(key, "tf32", False):
+        note += "; float32 with TF32 dots (float32_matmul_precision 'high'), the numerics this call runs under"
+    return note
+
+
+def _timing_mode(key: TuneKey) -> str:
     if key.device.device_type == "cuda" and key.mode == "fwd" and key.seqlen_q <= DECODE_MAX_SQ:
         return ("row timed as device time under CUDA graphs (decode keys: serving captures decode), where "
                 "split-K runs two kernels; eager calls are host-bound and launch by size: one split where a "

@@ -931,6 +931,10 @@ def test_explain_says_how_a_row_was_timed():
     assert "held out" in _timing_note(prefill)
     cpu = TuneKey.from_problem(problem_from_tensors(q, k, k), device_fingerprint("cpu"))
     assert "CUDA graphs" not in _timing_note(cpu)
+    assert "TF32" not in _timing_note(prefill)
+    fp32 = problem_from_tensors(torch.empty(3, 8, 17, 40), k, k).model_copy(update={"device_type": "cuda",
+                                                                                   "tf32": True})
+    assert "TF32 dots" in _timing_note(TuneKey.from_problem(fp32, h200))
 
 
 def test_threads_meeting_a_new_shape_at_once_share_one_slot_and_every_call_is_counted(monkeypatch):
