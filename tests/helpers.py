@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+from pathlib import Path
+
 
 import torch
 
@@ -28,3 +32,13 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: str, backward: boo
 
 def poison_like(t: torch.Tensor, value: float = float("nan")) -> torch.Tensor:
     return torch.full_like(t, value)
+
+
+def bench_module(name: str):
+    """A script of ``benchmarks/`` imported as a module (they import each other by bare name, as run)."""
+    path = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, path)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(path)

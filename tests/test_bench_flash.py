@@ -4,19 +4,12 @@ summary recomputed from the merged cases, the dispatch figures from a bench_suit
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import bench_module
 
 
 def _bench_flash():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_flash
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return bench_flash
+    return bench_module("bench_flash")
 
 
 def _case(name, ours_ms, cudnn_x):

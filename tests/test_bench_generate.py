@@ -16,6 +16,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from helpers import bench_module
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_generate.py"
 IMPLS = ("sdpa", "attntune")
@@ -134,11 +136,7 @@ def test_bench_generate_compiled_cases(tmp_path):
 
 
 def test_spread_fields_pair_best_and_noise():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from bench_generate import _spread_fields
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    _spread_fields = bench_module("bench_generate")._spread_fields
     per = {"sdpa": {"runs_s": [1.0, 1.3, 1.1]}, "attntune": {"runs_s": [0.8, 1.0, 1.2]}}
     f = _spread_fields(per)
     assert [round(x, 6) for x in f["pair_ratios"]] == [1.25, 1.3, round(1.1 / 1.2, 6)]
@@ -169,11 +167,7 @@ def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch
     import threading
     import types
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_generate
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench_generate = bench_module("bench_generate")
     clocks = iter([1980, 1200, 1755, 1980, 990] + [1500] * 1000)
     fake = types.SimpleNamespace(NVML_CLOCK_SM=1, nvmlInit=lambda: None,
                                  nvmlDeviceGetHandleByIndex=lambda i: ("h", i),
@@ -202,11 +196,7 @@ def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch
 
 
 def test_slow_run_attribution_compares_slow_and_fast_runs_and_skips_first_runs():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_generate
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench_generate = bench_module("bench_generate")
 
     def meter(probe, util, steal):
         return {"wall_s": 1.0, "cpu_s": 1.0, "probe_us": [probe, probe], "gpu_util": [util, util, util],

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import bench_module
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "regret.py"
 
@@ -57,12 +59,7 @@ def test_regret_smoke(tmp_path):
 
 
 def _regret_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import regret
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return regret
+    return bench_module("regret")
 
 
 def test_reference_order_puts_the_budget_winner_first_and_interleaves_variants(monkeypatch):
