@@ -365,6 +365,8 @@ def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             raise ValueError(f"q: an FP8 K/V cache needs q in {list(FP8_Q_DTYPES)}, got {q.dtype}")
     elif k.dtype in KV_DTYPE_NAMES or v.dtype in KV_DTYPE_NAMES:
         raise ValueError(f"k/v: FP8 codes ({k.dtype}, {v.dtype}) need their float32 k_scale and v_scale")
+    elif q.dtype not in DTYPE_NAMES:  # named before the k/v match: an int q is q's fault, not k's
+        raise ValueError(f"q: unsupported dtype {q.dtype}; expected one of {sorted(DTYPES)}")
     elif k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"k/v: dtype must match q ({q.dtype}), got k {k.dtype}, v {v.dtype}")
     if q.dtype not in DTYPE_NAMES:

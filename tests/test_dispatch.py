@@ -234,6 +234,8 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
         attntune.attention(q[0], k, v)
     with pytest.raises(ValueError, match="k/v: dtype"):
         attntune.attention(q, k.double(), v)
+    with pytest.raises(ValueError, match="^q: unsupported dtype torch.int32"):  # q's fault, not k's
+        attntune.attention(q.int(), k.int(), v.int())
     with pytest.raises(ValueError, match="heads"):
         attntune.attention(q[:, :3], k, v)
     with pytest.raises(ValueError, match="window"):
