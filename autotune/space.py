@@ -25,6 +25,7 @@ from attntune.kernels.base import Config, Space, Variant
 from attntune.problem import AttentionProblem
 
 VARIANT_PARAM = "variant"
+_NO_AUTO = object()
 
 
 def config_id(variant: str, config: Config) -> str:
@@ -45,6 +46,14 @@ class Candidate:
 #: Knob pairs that :meth:`SearchSpace.moves` also steps together (same direction): a tile size and the warps
 #: that process it.
 COUPLED: Tuple[Tuple[str, str], ...] = (("BLOCK_N", "num_warps"), ("BLOCK_M", "num_warps"))
+
+
+#: Knobs whose value here means "auto" — resolved per call from the shape and the device (the decode op's
+#: ``num_splits`` and ``num_stages``: 0). :meth:`SearchSpace.moves` makes that value adjacent to every
+#: concrete value of the knob: in declaration order "auto" sits next to 1 only, while what it resolves to
+#: may be any value (on the H200 the decode key B8 KV1024 D64's budgeted winner had auto splits, resolved to
+#: 4, against the reference's 8 splits: 3.5 % regret, ``regret_h200.json``; 8 was not one move away).
+AUTO_KNOBS: Dict[str, Any] = {"num_splits": 0, "num_stages": 0}
 
 
 class SearchSpace:
@@ -137,7 +146,8 @@ class SearchSpace:
         H200 the B1 KV4096 D64 decode key's budgeted winner (BLOCK_N 64, 2 warps) was such a point against
         the reference's BLOCK_N 256 with 4 warps (8.3 % regret, ``regret_h200_2026-12-04_refine.json``).
 
-        A value outside its domain (an old row's) has no neighbours along that knob."""
+        An "auto" value (:data:`AUTO_KNOBS`) is adjacent to every concrete value of its knob, and each of
+        those to it. A value outside its domain (an old row's) has no neighbours along that knob."""
         cand = self._by_name.get(variant)
         if cand is None:
             return []
@@ -159,6 +169,15 @@ class SearchSpace:
                 cfg[name] = p.choices[i + d]
             else:
                 if not cand.space.validate(cfg):
+                    out.append(cfg)
+        for name, (p, i) in index.items():
+            auto = AUTO_KNOBS.get(name, _NO_AUTO)
+            if auto not in p.choices:
+                continue
+            targets = [c for c in p.choices if c != auto] if p.choices[i] == auto else [auto]
+            for value in targets:
+                cfg = dict(config, **{name: value})
+                if cfg not in out and not cand.space.validate(cfg):
                     out.append(cfg)
         return out
 

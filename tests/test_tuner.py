@@ -445,6 +445,24 @@ class TileWarps(_TestVariant):
         return sdpa_exact(q, k, v, problem, kv_lens)
 
 
+def test_moves_make_auto_adjacent_to_every_concrete_value(monkeypatch):
+    """The decode op's "auto" splits and stages (0) resolve per call to any count: from auto every concrete
+    count is one move away, and auto from each of them (the H200's 3.5 % regret key: auto splits, resolved
+    to 4, against the reference's 8 — two moves in declaration order, 0 -> 1 -> 2 ... before)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # triton_decode is a candidate on the CPU only interpreted
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "triton_decode")
+    space = SearchSpace(prob(b=8, hq=32, hkv=8, sq=1, skv=1024, d=64))
+    start = {"BLOCK_N": 64, "num_splits": 0, "num_warps": 2, "num_stages": 0}
+    moves = space.moves("triton_decode", start)
+    splits = {m["num_splits"] for m in moves if {**m, "num_splits": 0} == start}
+    assert splits == {1, 2, 4, 8, 16, 32, 64}
+    stages = {m["num_stages"] for m in moves if {**m, "num_stages": 0} == start}
+    assert stages == {1, 2, 3, 4}  # every count fits 64-key fp32 tiles at D=64
+    back = space.moves("triton_decode", {**start, "num_splits": 16})
+    assert {**start, "num_splits": 0} in back and {**start, "num_splits": 8} in back
+    assert len(moves) == len({json.dumps(m, sort_keys=True) for m in moves})  # no move listed twice
+
+
 def test_moves_step_a_tile_and_its_warps_together(register, monkeypatch):
     register(TileWarps())
     monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_tile_warps")
