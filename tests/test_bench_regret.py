@@ -257,3 +257,18 @@ def test_every_timing_path_runs_under_the_keys_numerics(tmp_path, monkeypatch):
     assert ref["best"] == ("sdpa_math", {}) and entered[-1] == p
     ta, tb = regret.retime(p, ("sdpa_math", {}), ("sdpa_default", {}), torch.device("cpu"), rounds=1)
     assert ta > 0 and tb > 0 and entered[-1] == p and len(entered) == 3
+
+
+def test_fidelity_summary_sets_throttled_rows_apart():
+    """Rows timed while the SM clock sat more than THROTTLE_FRAC below the highest clock seen are counted
+    apart; max_fidelity_error stays over every row, max_fidelity_error_full_clock over the others."""
+    regret = _regret_module()
+    fid = [{"error_frac": 0.056, "sm_mhz": [1785, 1830, 1980]},   # throttled while timed
+           {"error_frac": -0.02, "sm_mhz": [1980, 1980, 1980]},
+           {"error_frac": 0.01, "sm_mhz": [1965, 1980, 1980]},    # within 3 % of the top: full clock
+           {"error_frac": 0.03}]                                  # no NVML: not classified
+    s = regret.summarize([], fid)
+    assert s["max_fidelity_error"] == 0.056 and s["fidelity_rows"] == 4
+    assert s["fidelity_rows_throttled"] == 1 and s["max_fidelity_error_full_clock"] == 0.02
+    none = regret.summarize([], [{"error_frac": 0.01}])
+    assert none["fidelity_rows_throttled"] is None and none["max_fidelity_error_full_clock"] is None
