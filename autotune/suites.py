@@ -5,8 +5,8 @@ placeholders (``float32`` / ``cpu``): :func:`materialize` fills in the device th
 dtype (``--dtype``; by default float32 on the CPU, bfloat16 on a GPU), and optionally overrides the
 mode (``--mode``). Two kinds of template pin their dtype when ``--dtype`` is not given: an FP8 K/V cache
 (``kv_dtype``; q in bfloat16) and a *TF32 template* (``tf32=True``, written on ``cuda``: float32 with
-TF32 dots on an NVIDIA GPU, exact float32 elsewhere, ROCm included). Shapes follow the tensor layout of :mod:`attntune.problem`:
-q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Skv, D]``.
+TF32 dots on an NVIDIA GPU, exact float32 elsewhere, ROCm included). Shapes follow the tensor layout of
+:mod:`attntune.problem`: q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Skv, D]``.
 
 Sizes are chosen on bucket values of :func:`attntune.key.bucket`, so a suite problem *is* the
 representative of its key and the tuner measures exactly what is listed here.
