@@ -369,8 +369,6 @@ def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"q: unsupported dtype {q.dtype}; expected one of {sorted(DTYPES)}")
     elif k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"k/v: dtype must match q ({q.dtype}), got k {k.dtype}, v {v.dtype}")
-    if q.dtype not in DTYPE_NAMES:
-        raise ValueError(f"q: unsupported dtype {q.dtype}; expected one of {sorted(DTYPES)}")
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"k/v: device must match q ({q.device}), got k {k.device}, v {v.device}")
     if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
