@@ -28,7 +28,8 @@ description instead of a materialised ``[B, 1, Sq, Skv]`` mask:
 Everything else gets transformers' own mask and HF's own SDPA path
 (``transformers.integrations.sdpa_attention.sdpa_attention_forward``, what ``"sdpa"`` runs): padded
 batches, packed sequences, chunked or custom masks, dropout in training, softcapping, sinks, position
-bias, ``output_attentions``. Reading whether a 2-D padding mask is all ones needs its values: in eager mode
+bias, ``output_attentions`` (a call that needs no mask on attntune's side still gets one there when its
+layer has a sliding window: that path applies windows only through masks). Reading whether a 2-D padding mask is all ones needs its values: in eager mode
 that is one read per forward (HF's own SDPA path does the same); under tracing (``torch.compile``) the
 mask is kept unless no padding mask was given at all.
 
@@ -99,6 +100,27 @@ def _mask_from_lens(kv_lens: torch.Tensor, sq: int, skv: int,
     return build_mask(p, kv_lens.device, kv_lens)
 
 
+def _window_mask(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 sliding_window: Optional[int], kwargs: dict):
+    """``(key, value, mask)`` for a call that goes to HF's SDPA path without a mask (our mask function
+    described it as None). That path applies a sliding window only through a mask — with none it runs
+    plain causal attention, the window lost — so a causal layer with a window gets attntune's own causal +
+    window mask (bool ``[B, 1, Sq, Skv]``). With ``1 < Sq < Skv`` a missing mask means top-left causal to
+    transformers (a static cache's unwritten tail): the keys are sliced to ``Sq`` first, as the
+    attntune path does. Other calls are returned unchanged (mask None: HF's own ``is_causal``)."""
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = _module_attr(module, "is_causal", True)
+    window = _window_of(module, sliding_window) if is_causal else None
+    if window is None or query.dim() != 4 or key.dim() != 4:
+        return key, value, None
+    sq, skv = query.shape[2], key.shape[2]
+    if 1 < sq < skv:
+        key, value, skv = key[:, :, :sq], value[:, :, :sq], sq
+    lens = torch.full((query.shape[0],), skv, dtype=torch.int32, device=query.device)
+    return key, value, _mask_from_lens(lens, sq, skv, window)
+
+
 def _fp8_scales(key: torch.Tensor, value: torch.Tensor):
     """``(k_scale, v_scale)`` of FP8 cache codes (:class:`attntune.hf_fp8.FP8StaticLayer` attaches them), or
     None for float K/V. Raise ``ValueError`` naming key/value for codes that carry no scales."""
@@ -144,6 +166,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         attention_mask = _mask_from_lens(kv_lens, query.shape[2], key.shape[2],
                                          _window_of(module, sliding_window))
         kv_lens = None
+    elif unsupported and attention_mask is None:
+        key, value, attention_mask = _window_mask(module, query, key, value, sliding_window, kwargs)
     if (attention_mask is not None and kv_lens is None) or unsupported:
         key, value = _widened(key, value, scales, query.dtype)
         return _hf_sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

@@ -245,6 +245,42 @@ def test_dropout_in_training_goes_to_sdpa():
     assert attntune.stats()["plans"] == []
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_output_attentions_keeps_the_sliding_window(cache):
+    """output_attentions goes to HF's SDPA path, which applies a window only through a mask: a call our
+    mask function described as "no mask" must reach it with the causal + window mask (it ran plain causal,
+    the window lost: logits off by 0.3 and other tokens)."""
+    ours, sdpa = _models("mistral", ["attntune", "sdpa"])
+    ids = _ids()
+    with torch.no_grad():
+        a, s = (m(ids, output_attentions=True).logits for m in (ours, sdpa))
+    torch.testing.assert_close(a, s, atol=1e-5, rtol=1e-5)
+    kw = dict(max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(ids), output_attentions=True,
+              return_dict_in_generate=True, output_logits=True, cache_implementation=cache, disable_compile=True)
+    with torch.no_grad():
+        ga, gs = ours.generate(ids, **kw), sdpa.generate(ids, **kw)
+    assert torch.equal(ga.sequences, gs.sequences)
+    for la, ls in zip(ga.logits, gs.logits):
+        torch.testing.assert_close(la, ls, atol=1e-5, rtol=1e-5)
+
+
+def test_dropout_in_training_keeps_the_sliding_window():
+    """Training with attention dropout goes to HF's SDPA path: with the same RNG state its logits equal
+    the "sdpa" model's, window included."""
+    cfg = _config("mistral")
+    cfg.attention_dropout = 0.25
+    torch.manual_seed(0)
+    ours = transformers.MistralForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="attntune").train()
+    sdpa = transformers.MistralForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").train()
+    sdpa.load_state_dict(ours.state_dict())
+    ids = _ids()
+    torch.manual_seed(7)
+    a = ours(ids).logits
+    torch.manual_seed(7)
+    s = sdpa(ids).logits
+    torch.testing.assert_close(a, s, atol=1e-5, rtol=1e-5)
+
+
 def test_mask_function_skips_only_aligned_unpadded_sliding_masks():
     from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
 
