@@ -237,8 +237,9 @@ def _put_once(sig, slot: Slot) -> Slot:
         return cur if cur is not None else _put(rt, sig, slot)
 
 
-def _store(sig, plan: Plan, fresh_miss: bool, device) -> Slot:
-    rt = _runtime.get()
+def _store(rt, sig, plan: Plan, fresh_miss: bool, device) -> Slot:
+    # ``rt`` is the caller's (held under its lock): calling _runtime.get() here would wait for the
+    # module's runtime lock, which reset() holds while it waits for this runtime's lock
     return _put(rt, sig, Slot(
         plan, plan.impl.bind(plan.problem, plan.config), plan.problem, plan.config, rt.config.latency_sample,
         device, miss=plan.key is not None and plan.key.key_id in rt.missed, reported=1 if fresh_miss else 0,
@@ -315,7 +316,7 @@ def resolved_slot(sig, problem: AttentionProblem, device, fam: Optional[tuple] =
         slot = SLOTS.get(sig)
         if slot is None:
             plan, fresh = rt.resolve(problem, device)
-            slot = _store(sig, plan, fresh, device)
+            slot = _store(rt, sig, plan, fresh, device)
             _remember(fam, slot)
     return slot
 

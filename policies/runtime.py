@@ -272,11 +272,12 @@ class Runtime:
 
     def _start_flusher(self) -> None:
         """Start the background miss writer once (a daemon thread; stopped by close())."""
-        if self._flusher is not None:
-            return
+        if self._flusher is not None or self._stop.is_set():
+            return  # running, or closed (reset() in another thread): close() flushed what it had
         t = threading.Thread(target=self._flush_loop, name="attntune-misses", daemon=True)
-        self._flusher = t
         t.start()
+        self._flusher = t  # published started: close() from another thread joins it (joining an unstarted
+        # thread raises)
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(MISS_FLUSH_SECONDS):
@@ -364,15 +365,19 @@ def reset() -> None:
     global _RT
     with _RT_LOCK:
         rt, _RT = _RT, None
-        if rt is not None:
-            rt.close()  # not under rt.lock: it joins the flusher thread, which takes that lock
-            with rt.lock:
-                SLOTS.clear()
-                FAMILIES.clear()
-        else:
+        COUNTS["passthrough"] = 0
+    # The old runtime is closed and the tables cleared after _RT_LOCK is released: a thread resolving a
+    # plan holds rt.lock and may need _RT_LOCK (get()), so waiting for rt.lock while holding _RT_LOCK
+    # deadlocked reset() against concurrent calls of new shapes. A runtime another thread creates
+    # meanwhile may see its first slots cleared here: they are rebuilt on the next call.
+    if rt is not None:
+        rt.close()  # not under rt.lock: it joins the flusher thread, which takes that lock
+        with rt.lock:
             SLOTS.clear()
             FAMILIES.clear()
-        COUNTS["passthrough"] = 0
+    else:
+        SLOTS.clear()
+        FAMILIES.clear()
 
 
 def _at_exit() -> None:

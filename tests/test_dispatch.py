@@ -970,3 +970,58 @@ def test_threads_meeting_a_new_shape_at_once_share_one_slot_and_every_call_is_co
         t.join()
     s = attntune.stats()
     assert s["calls"] == 9, s["plans"]
+
+
+_RESET_RACE = r"""
+import sys, threading, time
+import torch, attntune
+errors = []
+def worker(seed):
+    try:
+        g = torch.Generator().manual_seed(seed)
+        for s in range(1, 250):  # a never-seen KV length every call: each one resolves under the runtime lock
+            q = torch.randn(1, 2, 1, 8, generator=g)
+            k = torch.randn(1, 2, s, 8, generator=g)
+            out = attntune.attention(q, k, k, causal=True)
+            ref = torch.nn.functional.scaled_dot_product_attention(q, k, k)
+            if not torch.allclose(out, ref, atol=1e-5, rtol=1e-5):
+                errors.append(f"wrong result at length {s}")
+    except Exception as e:
+        errors.append(repr(e))
+stop = threading.Event()
+def resetter():
+    try:
+        while not stop.is_set():
+            attntune.reset()
+    except Exception as e:
+        errors.append("reset: " + repr(e))
+ws = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(2)]
+r = threading.Thread(target=resetter, daemon=True)
+r.start(); [w.start() for w in ws]
+deadline = time.time() + 30
+for w in ws:
+    w.join(timeout=max(0.1, deadline - time.time()))
+hung = any(w.is_alive() for w in ws)
+stop.set(); r.join(timeout=10)
+print("HUNG" if hung or r.is_alive() else "OK", errors[:3])
+sys.stdout.flush()
+import os; os._exit(0 if not hung and not r.is_alive() and not errors else 1)
+"""
+
+
+def test_reset_while_other_threads_resolve_new_shapes_never_deadlocks(tmp_path):
+    """reset() held the module's runtime lock while waiting for the runtime's own lock, and a thread
+    resolving a plan held that one while asking for the first (hung 3 of 3 runs); closing the old
+    runtime could also join its miss flusher before it had started. In a subprocess, so a regression
+    fails this test instead of hanging the suite."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ATTNTUNE_CACHE=str(tmp_path / "c.db"), ATTNTUNE_SYSTEM_CACHE=str(tmp_path / "none.db"))
+    try:
+        p = subprocess.run([sys.executable, "-c", _RESET_RACE], env=env, capture_output=True, text=True,
+                           timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail("reset() racing new-shape calls did not finish in 90 s")
+    assert p.returncode == 0 and p.stdout.startswith("OK"), (p.stdout, p.stderr[-2000:])
