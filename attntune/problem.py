@@ -89,8 +89,8 @@ def validate_window(window: Any) -> Optional[Tuple[int, int]]:
                 and -1 <= right <= WINDOW_SIDE_MAX:
             return window
     try:
-        if isinstance(window, (str, bytes)) or len(window) != 2:
-            raise TypeError
+        if isinstance(window, (str, bytes, set, frozenset, dict)) or len(window) != 2:
+            raise TypeError  # a set has no order: {2, 0} would silently become (0, 2)
         sides = []
         for x in window:
             if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
@@ -379,7 +379,7 @@ def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"v: heads {v.shape[1]} must match k's heads {k.shape[1]}")
     if v.shape[2] != k.shape[2]:
         raise ValueError(f"v: seqlen {v.shape[2]} must match k's seqlen {k.shape[2]}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+    if (k.shape[1] == 0 and q.shape[1] != 0) or (k.shape[1] and q.shape[1] % k.shape[1]):  # 0/0 heads: empty
         raise ValueError(f"k: heads_q ({q.shape[1]}) must be a multiple of heads_kv ({k.shape[1]})")
     if kv_lens is not None:
         if not isinstance(kv_lens, torch.Tensor) or kv_lens.dim() != 1 or kv_lens.shape[0] != q.shape[0]:

@@ -7,12 +7,45 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
 from attntune.kernels.base import Variant
 from attntune.problem import AttentionProblem
 
 _REGISTRY: Dict[str, Variant] = {}
+
+
+class Quirk(NamedTuple):
+    """A wrong result of the library under a variant (torch, a driver), not of the variant's own code:
+    the variant is kept from the problems ``when`` selects on ``device_types``, with ``why``. Kept here,
+    not in the variants' ``supports()``, because it is a fact about the library a variant calls (a new
+    torch may fix it; say which version showed it) and the variants' source is hashed into tuned rows."""
+    variants: FrozenSet[str]
+    device_types: FrozenSet[str]
+    when: Callable[[AttentionProblem], bool]
+    why: str
+
+
+def _causal_nonpositive_scale(p: AttentionProblem) -> bool:
+    # Causal with a scale <= 0. Only the calls the SDPA variants make with is_causal=True (no materialised
+    # mask) go wrong, but whether a mask is needed depends on the exact lengths, and a plan is shared by a
+    # family of lengths: the test stays on what the family fixes (canonical mask, scale).
+    return p.causal and p.scale is not None and p.scale <= 0
+
+
+#: Known wrong results (each found by a test that compares against the float64 reference).
+QUIRKS: Tuple[Quirk, ...] = (
+    # torch 2.13 CPU: the flash kernel (SDPA's CPU default) fills masked scores with -inf times the scale:
+    # NaN at scale 0, +inf below; with a boolean mask, or the math backend, the result is right
+    Quirk(frozenset({"sdpa_default", "sdpa_flash"}), frozenset({"cpu"}), _causal_nonpositive_scale,
+          "torch's CPU flash kernel returns NaN for is_causal with a scale <= 0 (seen with torch 2.13)"),
+)
+
+
+def quirk_reasons(variant: Variant, problem: AttentionProblem) -> List[str]:
+    """The :data:`QUIRKS` that keep ``variant`` from ``problem`` (their ``why``), else []."""
+    return [q.why for q in QUIRKS if variant.name in q.variants and problem.device_type in q.device_types
+            and q.when(problem)]
 
 
 def register(variant: Variant) -> Variant:
@@ -48,7 +81,7 @@ def all_variants() -> List[Variant]:
 def env_reasons(variant: Variant) -> List[str]:
     """Reasons the environment switches exclude a variant (``ATTNTUNE_TRITON``, ``ATTNTUNE_VARIANTS``)."""
     reasons = []
-    if os.environ.get("ATTNTUNE_TRITON", "1") == "0" and variant.family == "triton":
+    if os.environ.get("ATTNTUNE_TRITON", "1").strip() == "0" and variant.family == "triton":  # as config reads it
         reasons.append("ATTNTUNE_TRITON=0")
     allow = allowed_variants()
     if allow is not None and variant.name not in allow:
@@ -77,7 +110,7 @@ def kv_reasons(variant: Variant, problem: AttentionProblem) -> List[str]:
 
 def reasons(variant: Variant, problem: AttentionProblem) -> List[str]:
     """Everything that keeps ``variant`` from ``problem``: environment, exactness, its own supports()."""
-    out = env_reasons(variant) + kv_reasons(variant, problem)
+    out = env_reasons(variant) + kv_reasons(variant, problem) + quirk_reasons(variant, problem)
     if not variant.exact and not problem.approx:
         out.append("approximate; the call did not allow approximation")
     try:

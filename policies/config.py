@@ -32,6 +32,7 @@ when a plan is resolved — both happen once per process (or per ``reset()``), n
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -65,8 +66,9 @@ def _number(name: str, default, warns: List[str], cast=int, minimum=None, unset_
     except ValueError:
         warns.append(f"{name}={raw!r} is not {'an integer' if cast is int else 'a number'}; {instead}")
         return default
-    if val != val or (minimum is not None and val < minimum):  # NaN, or out of range
-        warns.append(f"{name}={raw!r} must be >= {minimum}; {instead}")
+    if val != val or val in (math.inf, -math.inf) or (minimum is not None and val < minimum):
+        # NaN, infinite (a timeout of inf overflowed the cache's connect and dropped both caches), or out of range
+        warns.append(f"{name}={raw!r} must be a finite number >= {minimum}; {instead}")
         return default
     return val
 

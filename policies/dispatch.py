@@ -81,7 +81,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     * ``kv_lens``: int32/int64 ``[B]``, keys ``j >= kv_lens[b]`` are padding (a KV cache); the causal
       diagonal then sits at ``kv_lens[b] - Sq`` per sequence (see :mod:`attntune.problem`). Values are
       clamped to ``[0, Skv]`` (every variant and the reference alike); ``ATTNTUNE_CHECK=1`` refuses
-      values outside instead (``ValueError``, one host sync per call).
+      values outside instead (``ValueError``, one host sync per call). Padding slots must hold finite
+      values (zeros): the SDPA-based variants weight them by 0, and ``0 * NaN`` is NaN (as in torch's SDPA
+      with the equivalent boolean mask); the decode kernel never reads them.
     * ``window`` sides are integers, ``-1`` or ``>= 0``, of any size (clamped to the sequence); bools,
       floats and ``inf`` are refused.
     * ``approx``: allow approximate variants (Nyström) for this call; None = ``ATTNTUNE_ALLOW_APPROX``.
@@ -99,6 +101,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     if k_scale is not None or v_scale is not None:  # FP8 K/V: off the common path (attntune.policies.fp8)
         return _runtime.FP8_ATTENTION(q, k, v, k_scale, v_scale, causal, window, scale, kv_lens, approx)
     if _is_compiling():
+        _check_scalars(causal, scale, approx)  # Python values at trace time: refused as in eager mode
         return _compiled(q, k, v, kv_lens, causal, False, window, scale, approx)
     try:
         grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -132,7 +135,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     as torch's. Calls attntune covers — 4-D inputs, no ``attn_mask``, ``dropout_p == 0``, heads equal
     or (``enable_gqa``) divisible, one dtype and device — go through the plan; everything else goes to
     torch's own SDPA unchanged (so torch's broadcasting, masks and errors apply). Never approximate."""
-    if attn_mask is not None or dropout_p:
+    if attn_mask is not None or dropout_p or (scale is not None and not _finite_number(scale)):
+        # masks, dropout, and scales that are not finite plain numbers (a NaN never equals itself and a
+        # tensor hashes by identity: each call would make a new slot) are torch's to handle
         if not _is_compiling():
             _COUNTS["passthrough"] += 1
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -170,6 +175,11 @@ def explain(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, window: Op
     if k_scale is not None or v_scale is not None:
         return _runtime.FP8_EXPLAIN(q, k, v, k_scale, v_scale, causal, validate_window(window) if window is not None
                                     else None, scale, kv_lens, approx)
+    validate_qkv(q, k, v, kv_lens)
+    if 0 in q.shape or 0 in k.shape or 0 in v.shape:
+        _validate_empty(q, k, v, kv_lens)
+        raise ValueError(f"q/k/v: an empty dimension (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}): "
+                         "attention() returns zeros of the output's shape for such calls, without any plan")
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     problem = _problem(q, k, v, kv_lens, causal, "bottom_right", validate_window(window),
                        scale, approx, grad)
@@ -194,6 +204,10 @@ def _numerics(q) -> Optional[bool]:
     read from torch's ``float32_matmul_precision`` per call, so a plan made under one precision never
     serves the other); None for every other dtype (one identity check on the hot path)."""
     return tf32_allowed() if q.dtype is torch.float32 else None
+
+
+def _finite_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _check_scalars(causal, scale, approx=None) -> None:
@@ -321,18 +335,32 @@ def resolved_slot(sig, problem: AttentionProblem, device, fam: Optional[tuple] =
     return slot
 
 
+def _validate_empty(q, k, v, kv_lens) -> None:
+    """The checks of a call with an empty dimension (it needs no plan, but its inputs must still fit)."""
+    validate_qkv(q, k, v, kv_lens)
+    if q.shape[3] == 0:
+        raise ValueError("q: head_dim must be >= 1 (the softmax scale 1/sqrt(head_dim) is undefined)")
+
+
 def _empty(q, k, v, _problem, _config, _kv_lens) -> Tensor:
     """The result of a call with nothing to compute: every row admits no key (``Skv == 0``) or there
-    are no rows or no value features — zeros of the output's shape, as the docstring of attention()."""
-    return q.new_zeros((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    are no rows, heads or value features — zeros of the output's shape, as the docstring of attention().
+    When an input requires grad the zeros come from ``(q @ kᵀ) @ v``, whose contraction over the empty
+    axis is exactly 0 whatever q holds, so ``.backward()`` works (zero gradients) as with torch's SDPA."""
+    shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) \
+            or k.dtype != q.dtype or v.dtype != q.dtype:
+        return q.new_zeros(shape)
+    if k.shape[1] and q.shape[1] != k.shape[1]:  # GQA (Hq == 0 too: repeated 0 times)
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return torch.matmul(torch.matmul(q, k.transpose(-2, -1)), v)
 
 
 def _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad) -> Slot:
     if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor) and (
             0 in q.shape or 0 in k.shape or 0 in v.shape):
-        validate_qkv(q, k, v, kv_lens)
-        if q.shape[3] == 0:
-            raise ValueError("q: head_dim must be >= 1 (the softmax scale 1/sqrt(head_dim) is undefined)")
+        _validate_empty(q, k, v, kv_lens)
         return _put_once(sig, Slot(None, _empty, None, None, 0, q.device))
     fam = _family_sig("attention", q, k, v, kv_lens, causal, "bottom_right", window, scale, approx, grad)
     return _new_slot(sig, fam, q, k,

@@ -41,6 +41,7 @@ def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Ten
     """:func:`attntune.attention` with FP8 ``k``/``v`` (module docstring). ``window`` is already
     validated."""
     if torch.compiler.is_compiling():
+        _check_scalars(causal, scale, approx)  # Python values at trace time: refused as in eager mode
         wl, wr = window if window is not None else (NO_WINDOW, NO_WINDOW)
         return torch.ops.attntune.attention_fp8(q, k, v, k_scale, v_scale, kv_lens, bool(causal), wl, wr,
                                                 None if scale is None else float(scale),
@@ -57,6 +58,8 @@ def attention_fp8(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Ten
         raise
     if slot is None:
         slot = _new_slot(sig, q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx)
+    elif (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        _refuse_grad()  # checked per call: a signature first seen without grad must not admit it later
     if kv_lens is not None and _runtime.CHECK:
         check_kv_lens(kv_lens, k.shape[2])
     slot.calls += 1
@@ -71,7 +74,11 @@ def _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale, approx) -> None:
     check_scales(k, k_scale, v_scale)
     _check_scalars(causal, scale, approx)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise ValueError("k_scale/v_scale: an FP8 K/V cache is for inference; no input may require grad")
+        _refuse_grad()
+
+
+def _refuse_grad() -> None:
+    raise ValueError("k_scale/v_scale: an FP8 K/V cache is for inference; no input may require grad")
 
 
 def _fp8_problem(q, k, v, kv_lens, k_scale, v_scale, causal, window, scale, approx):

@@ -355,7 +355,20 @@ def get() -> Runtime:
 
 def plan(problem: AttentionProblem, device: Optional[torch.device | str] = None) -> Plan:
     """The plan for ``problem`` on ``device`` (default: the problem's device type, current index),
-    resolved once per process by the active policy and cached; misses are recorded like a call's."""
+    resolved once per process by the active policy and cached; misses are recorded like a call's.
+    Raises ``ValueError`` naming ``problem`` or ``device`` when they are not a problem / a device here."""
+    if not isinstance(problem, AttentionProblem):
+        raise ValueError(f"problem: expected an attntune.AttentionProblem (attntune.problem_from_tensors makes "
+                         f"one), got {type(problem).__name__}")
+    dev_type = problem.device_type
+    if device is not None:
+        try:
+            dev_type = torch.device(device).type
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device: {device!r} is not a device this torch can use ({e})") from None
+    if dev_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{'device' if device is not None else 'problem'}: a CUDA/ROCm plan needs a GPU, and "
+                         "this torch sees none (plans are resolved against the device's fingerprint)")
     return get().plan_for(problem, device)
 
 

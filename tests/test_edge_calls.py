@@ -1,0 +1,183 @@
+"""Calls at the edges of the API, each found by an adversarial audit (2026-12-04) to give a wrong result,
+an internal error or unbounded growth: every test here failed before its fix.
+
+Edges: causal attention with a scale <= 0 on the CPU (torch's flash kernel returned NaN), the eager
+fallback's 16-bit score rounding, empty calls that require grad, the FP8 path's inference-only rule on a
+repeated signature, scalar checks under torch.compile, explain()/plan() arguments, switches that were
+accepted but did nothing useful (``inf`` timeout, ``" 0"``), unordered windows, and drop-in scales that
+made a slot per call.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attntune
+from attntune import fp8, tolerances
+from attntune.kernels import registry
+from attntune.kernels.reference import reference_attention
+from attntune.policies import dispatch, runtime
+from attntune.problem import problem_from_tensors
+from helpers import rand_qkv
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime():
+    attntune.reset()
+    yield
+    attntune.reset()
+
+
+def _ref(q, k, v, **kw):
+    p = problem_from_tensors(q, k, v, **kw)
+    return reference_attention(q, k, v, p).to(q.dtype)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_with_a_nonpositive_scale_is_right_on_the_cpu(scale, dtype):
+    q, k, v = (t.to(dtype) for t in rand_qkv(2, 4, 2, 7, 7, 16, seed=3))
+    out = attntune.attention(q, k, v, causal=True, scale=scale)
+    assert not out.isnan().any()
+    atol, rtol = tolerances.fwd_tol(str(dtype).split(".")[1])
+    torch.testing.assert_close(out.float(), _ref(q, k, v, causal=True, scale=scale).float(), atol=atol, rtol=rtol)
+    plan = attntune.explain(q, k, v, causal=True, scale=scale)
+    assert plan.variant not in ("sdpa_default", "sdpa_flash")
+    why = dict(registry.explain_candidates(problem_from_tensors(q, k, v, causal=True, scale=scale)))
+    assert any("scale <= 0" in r for r in why[registry.get("sdpa_default")])
+    # a positive scale keeps SDPA
+    assert not registry.quirk_reasons(registry.get("sdpa_default"), problem_from_tensors(q, k, v, causal=True))
+
+
+def test_the_eager_fallback_keeps_its_scores_in_float32():
+    """bf16 scores rounded before the softmax: 0.34 off at scale 0.5 on std-2 inputs (SDPA: ~1e-2)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 128, 128, generator=g) * s for s in (2, 2, 1))
+    qb, kb, vb = (t.bfloat16() for t in (q, k, v))
+    p = problem_from_tensors(qb, kb, vb, causal=True, scale=0.5)
+    out = registry.get("eager").run(qb, kb, vb, p, {}, None)
+    ref = reference_attention(qb, kb, vb, p)
+    sdpa = registry.get("sdpa_math").run(qb, kb, vb, p, {}, None)
+    err, err_sdpa = ((o.double() - ref).abs().max().item() for o in (out, sdpa))
+    assert out.dtype == torch.bfloat16
+    assert err <= max(2e-2, 1.5 * err_sdpa), (err, err_sdpa)
+
+
+@pytest.mark.parametrize("shape_q,shape_kv", [((2, 4, 5, 8), (2, 2, 0, 8)),   # no keys (GQA)
+                                              ((2, 4, 0, 8), (2, 2, 6, 8)),   # no queries
+                                              ((0, 4, 5, 8), (0, 2, 6, 8)),   # no batch
+                                              ((2, 0, 5, 8), (2, 0, 6, 8))])  # no heads
+def test_empty_calls_that_require_grad_backpropagate_zeros(shape_q, shape_kv):
+    q = torch.randn(shape_q)
+    if q.numel():
+        q[0, 0, 0, 0] = float("nan")  # the empty contraction must still give exact zeros
+    q.requires_grad_(True)
+    k, v = torch.randn(shape_kv, requires_grad=True), torch.randn(shape_kv, requires_grad=True)
+    out = attntune.attention(q, k, v, causal=True)
+    assert out.shape == (shape_q[0], shape_q[1], shape_q[2], shape_kv[3])
+    assert out.requires_grad and torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
+    with torch.no_grad():  # and without grad: plain zeros, no graph
+        assert not attntune.attention(q, k, v).requires_grad
+
+
+def test_zero_heads_give_an_empty_result_as_torch():
+    q, k, v = torch.randn(2, 0, 6, 8), torch.randn(2, 0, 9, 8), torch.randn(2, 0, 9, 8)
+    assert attntune.attention(q, k, v).shape == F.scaled_dot_product_attention(q, k, v).shape == (2, 0, 6, 8)
+    with pytest.raises(ValueError, match="heads_q"):
+        attntune.attention(torch.randn(2, 4, 6, 8), k, v)
+
+
+def test_fp8_refuses_grad_on_a_signature_first_seen_without_grad():
+    q, k, v = rand_qkv(2, 4, 2, 1, 17, 16, seed=1)
+    k8, v8, ks, vs = fp8.quantize_kv(k, v, per="head", dtype=torch.float8_e4m3fn)
+    q = q.bfloat16()
+    with torch.no_grad():
+        attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs)
+    attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs)  # no input requires grad: fine
+    with pytest.raises(ValueError, match="k_scale/v_scale: an FP8 K/V cache is for inference"):
+        attntune.attention(q.detach().requires_grad_(True), k8, v8, k_scale=ks, v_scale=vs)
+
+
+@pytest.mark.parametrize("bad,match", [({"causal": "yes"}, "causal"), ({"causal": None}, "causal"),
+                                       ({"approx": "no"}, "approx"), ({"scale": float("nan")}, "scale")])
+def test_scalars_are_checked_while_compiling_too(monkeypatch, bad, match):
+    """Under torch.compile the call becomes a custom op whose arguments are coerced (bool("no") is True):
+    the Python values are checked at trace time as in eager mode."""
+    q, k, v = rand_qkv(1, 2, 2, 3, 5, 8)
+    monkeypatch.setattr(dispatch, "_is_compiling", lambda: True)
+    with pytest.raises(ValueError, match=match):
+        attntune.attention(q, k, v, **bad)
+    k8, v8, ks, vs = fp8.quantize_kv(k, v, per="tensor", dtype=torch.float8_e4m3fn)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(ValueError, match=match):
+        attntune.attention(q.bfloat16(), k8, v8, k_scale=ks, v_scale=vs, **bad)
+
+
+def test_explain_names_bad_arguments_and_says_why_empty_calls_have_no_plan():
+    q, k, v = rand_qkv(1, 2, 2, 3, 5, 8)
+    for bad in (None, q.numpy()):
+        with pytest.raises(ValueError, match="q: expected a torch.Tensor"):
+            attntune.explain(bad, k, v)
+    with pytest.raises(ValueError, match="empty dimension"):
+        attntune.explain(q[:0], k[:0], v[:0])
+    with pytest.raises(ValueError, match="q: head_dim must be >= 1"):
+        attntune.explain(q[..., :0], k[..., :0], v)
+
+
+def test_plan_names_bad_arguments():
+    q, k, v = rand_qkv(1, 2, 2, 3, 5, 8)
+    p = problem_from_tensors(q, k, v)
+    with pytest.raises(ValueError, match="problem: expected an attntune.AttentionProblem"):
+        attntune.plan(None)
+    with pytest.raises(ValueError, match="device"):
+        attntune.plan(p, "nonsense")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device: a CUDA/ROCm plan needs a GPU"):
+            attntune.plan(p, "cuda")
+        with pytest.raises(ValueError, match="problem: a CUDA/ROCm plan needs a GPU"):
+            attntune.plan(p.model_copy(update={"device_type": "cuda"}))
+    assert attntune.plan(p).variant
+
+
+def test_an_infinite_cache_timeout_is_refused_with_a_warning_naming_it(monkeypatch):
+    monkeypatch.setenv("ATTNTUNE_CACHE_TIMEOUT", "inf")
+    attntune.reset()
+    q, k, v = rand_qkv(1, 2, 2, 3, 5, 8)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        attntune.attention(q, k, v)
+    msgs = [str(x.message) for x in w]
+    assert any("ATTNTUNE_CACHE_TIMEOUT='inf' must be a finite number" in m for m in msgs), msgs
+    assert not any("unusable" in m or "Overflow" in m for m in msgs), msgs
+    assert runtime.get().config.cache_timeout == 0.2
+
+
+def test_triton_switch_with_spaces_turns_triton_off(monkeypatch):
+    tri = [v for v in registry.all_variants() if v.family == "triton"]
+    assert tri
+    monkeypatch.setenv("ATTNTUNE_TRITON", " 0 ")
+    assert all("ATTNTUNE_TRITON=0" in registry.env_reasons(v) for v in tri)
+
+
+@pytest.mark.parametrize("window", [{2, 0}, frozenset({3, 1}), {0: 1, 2: 3}])
+def test_an_unordered_window_is_refused(window):
+    q, k, v = rand_qkv(1, 2, 2, 3, 5, 8)
+    with pytest.raises(ValueError, match="window"):
+        attntune.attention(q, k, v, window=window)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), torch.tensor(0.5)])
+def test_dropin_scales_that_cannot_key_a_slot_go_to_torch(scale):
+    q, k, v = rand_qkv(1, 2, 2, 3, 5, 8)
+    before = len(runtime.SLOTS)
+    for _ in range(20):
+        out = attntune.scaled_dot_product_attention(q, k, v, scale=scale)
+    assert len(runtime.SLOTS) == before  # NaN never equals itself, a tensor hashes by identity
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, scale=scale), equal_nan=True)
