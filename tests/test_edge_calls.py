@@ -181,3 +181,25 @@ def test_dropin_scales_that_cannot_key_a_slot_go_to_torch(scale):
         out = attntune.scaled_dot_product_attention(q, k, v, scale=scale)
     assert len(runtime.SLOTS) == before  # NaN never equals itself, a tensor hashes by identity
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, scale=scale), equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+def test_gpu_causal_with_a_nonpositive_scale_on_every_sdpa_backend(scale):
+    """Whether torch's GPU kernels share the CPU flash kernel's NaN (registry.QUIRKS lists it for the CPU
+    only): each SDPA variant that takes the problem, and attntune.attention, against the float64
+    reference. A failure here means a GPU entry for QUIRKS."""
+    q, k, v = (t.to("cuda", torch.bfloat16) for t in rand_qkv(2, 4, 2, 64, 64, 64, seed=3))
+    p = problem_from_tensors(q, k, v, causal=True, scale=scale)
+    ref = reference_attention(q, k, v, p).float()
+    atol, rtol = tolerances.fwd_tol("bfloat16")
+    names = [v_.name for v_ in registry.all_variants() if v_.family == "sdpa" and not registry.reasons(v_, p)]
+    assert names
+    bad = {}
+    for name in names:
+        out = registry.get(name).run(q, k, v, p, registry.get(name).space(p).first(), None).float()
+        if out.isnan().any() or not torch.allclose(out, ref, atol=atol, rtol=rtol):
+            bad[name] = float((out - ref).abs().nan_to_num(float("inf")).max())
+    assert not bad, bad
+    torch.testing.assert_close(attntune.attention(q, k, v, causal=True, scale=scale).float(), ref, atol=atol,
+                               rtol=rtol)
