@@ -238,6 +238,10 @@ def fixed_plan(problem: AttentionProblem, key: Optional[TuneKey], name: str, qua
         return heuristic_plan(problem, key, quarantine, [f"fixed variant {name!r} does not exist"])
     r = usable(name, None, problem, quarantine)
     if r:
+        # once per process: a fixed policy the variant cannot follow is otherwise silent (explain() says it)
+        warn(f"fixed-cannot:{name}", f"ATTNTUNE_POLICY=fixed:{name} cannot run {problem.short()} ({'; '.join(r)}); "
+                                     "calls it cannot run use the safe fallback (shown once; attntune.explain() "
+                                     "gives each call's reason)")
         return fallback_plan(problem, key, [f"fixed variant {name} cannot run this problem: {'; '.join(r)}"],
                              quarantine)
     return _make(name, None, "fixed", problem, key, [f"ATTNTUNE_POLICY=fixed:{name}"])

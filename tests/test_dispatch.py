@@ -441,9 +441,18 @@ def test_policy_fixed(monkeypatch):
     out = attntune.attention(q, k, v, causal=True)
     torch.testing.assert_close(out, TORCH_SDPA(q, k, v, attn_mask=_bottom_right_mask(9, 13), enable_gqa=True),
                                atol=1e-5, rtol=1e-5)
-    # A fixed variant that cannot run the problem: the safe fallback, with the reason.
+    # A fixed variant that cannot run the problem: the safe fallback, with the reason, and one warning
+    # for the process (not one per problem).
     monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:nystrom")
     attntune.reset()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        attntune.attention(q, k, v, causal=True)
+        attntune.attention(q[:, :, :5], k, v, causal=True)
+    assert _attntune_warnings(rec) == [
+        f"attntune: ATTNTUNE_POLICY=fixed:nystrom cannot run {problem_from_tensors(q, k, v, causal=True).short()} "
+        f"({'; '.join(registry.reasons(registry.get('nystrom'), problem_from_tensors(q, k, v, causal=True)))}); "
+        "calls it cannot run use the safe fallback (shown once; attntune.explain() gives each call's reason)"]
     plan = attntune.explain(q, k, v, causal=True)
     assert plan.source == "fallback" and plan.variant == "sdpa_default"
     assert any("nystrom cannot run" in r for r in plan.reasons)
