@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from attntune.cache.retry import retry_locked
-from attntune.cache.store import BUSY_TIMEOUT_MS, normalize_url
+from attntune.cache.store import BUSY_TIMEOUT_MS, CacheError, display_url, normalize_url
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial would drown the progress bar
 
@@ -86,9 +86,21 @@ def _sqlite_wal(path: str) -> None:
 
 def open_storage(url: Optional[str]):
     """An optuna storage for ``url``: ``None``/``"memory"`` → in-memory (no resume), else an
-    ``RDBStorage``. Creation is retried: several workers may create the tables at the same moment."""
+    ``RDBStorage``. Creation is retried: several workers may create the tables at the same moment.
+    Raises :class:`~attntune.cache.store.CacheError` naming the storage and what to do (a damaged
+    ``optuna.db`` made every ``tune`` fail with a bare "cache: file is not a database")."""
     if url is None or url == MEMORY:
         return optuna.storages.InMemoryStorage()
+    try:
+        return _open_rdb(url)
+    except Exception as e:  # noqa: BLE001 — a damaged file, a bad URL, a missing driver, a dead server
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CacheError(f"optuna storage {display_url(normalize_url(url))}: cannot be used "
+                         f"({type(e).__name__}: {first}); it holds only the tuner's resumable study state "
+                         "(the winners are in the cache): delete it, or pass --storage memory") from e
+
+
+def _open_rdb(url: str):
     url = normalize_url(url)
     u = make_url(url)
     kwargs: dict = {}
@@ -107,7 +119,7 @@ def open_storage(url: Optional[str]):
         except (OperationalError, IntegrityError, ProgrammingError) as e:  # tables created concurrently
             last = e
             time.sleep(0.1 * (i + 1))
-    raise RuntimeError(f"cannot open optuna storage {url}: {last}")
+    raise RuntimeError(f"cannot open optuna storage {display_url(url)}: {last}")
 
 
 def open_study(

@@ -70,7 +70,7 @@ class CacheIndex:
         idx = cls([r.record for r in rows if r.status == "valid"], layers=layers, user_url=url, timeout_s=timeout_s)
         idx.hints = {r.key_id: r for r in rows if r.status == "stale" and r.hint}
         LOG.debug("cache index: %d valid rows, %d hints from %s", len(idx.by_id), len(idx.hints),
-                  ", ".join(f"{label}={st.url}" for label, st in layers.layers) or "no layer")
+                  ", ".join(f"{label}={st.shown}" for label, st in layers.layers) or "no layer")
         if idx.hints:  # one line for the process, never per call
             LOG.info("%d cached rows were tuned under other torch/triton/CUDA versions and serve as hints; "
                      "`attntune tune --revalidate` re-times them for this software", len(idx.hints))

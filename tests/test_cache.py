@@ -343,3 +343,51 @@ def test_wheel_carries_the_shipped_cache(tmp_path):
         names = [n for n in z.namelist() if n.endswith("/data/share/attntune/cache.db")]
         assert len(names) == 1, z.namelist()
         assert z.read(names[0]) == (root / "cache.db").read_bytes()
+
+
+def test_a_postgres_server_that_never_answers_is_skipped_in_seconds_and_no_password_is_shown():
+    """A server that accepts the connection and stays silent (hung, overloaded, a half-open firewall)
+    blocked the first attention() call forever: the connect timeout bounds it, and the messages that
+    name the database mask its password."""
+    pytest.importorskip("psycopg")
+    import socket
+    import threading
+    import time
+
+    from attntune.cache.store import CacheError, display_url
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held = []
+
+    def accept():
+        try:
+            while True:
+                held.append(srv.accept()[0])  # never answer
+        except OSError:
+            return
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"postgresql+psycopg://tuner:s3cret@127.0.0.1:{srv.getsockname()[1]}/attntune"
+    got = []
+
+    def open_it():  # in a thread: a regression fails this test instead of hanging the suite
+        try:
+            CacheStore(url, readonly=True, timeout_s=0.2)
+        except Exception as e:  # noqa: BLE001
+            got.append(e)
+
+    t = threading.Thread(target=open_it, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(timeout=20)
+    srv.close()
+    for c in held:
+        c.close()
+    assert not t.is_alive(), "opening a silent PostgreSQL server did not time out in 20 s"
+    assert time.monotonic() - t0 < 15
+    assert len(got) == 1 and isinstance(got[0], CacheError), got
+    assert "s3cret" not in str(got[0]) and "***" in str(got[0])
+    assert display_url(url) == url.replace("s3cret", "***")
+    assert display_url("/a/path/cache.db") == "/a/path/cache.db"

@@ -13,7 +13,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 from sqlalchemy.engine import make_url
 
 from attntune.cache.models import CachedRow, judge
-from attntune.cache.store import CacheStore, normalize_url
+from attntune.cache.store import CacheStore, display_url, normalize_url
 
 _WARNED: set = set()
 
@@ -86,8 +86,8 @@ def open_store(url: str, readonly: bool, label: str, timeout_s: Optional[float] 
     except Exception as e:  # noqa: BLE001 — includes CacheError, sqlite DatabaseError, driver errors
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if failures is not None:
-            failures.append(LayerFailure(label, normalize_url(url), reason))
-        warn_once(f"open:{url}", f"{label} cache {url} is unusable ({reason}); ignoring it")
+            failures.append(LayerFailure(label, display_url(normalize_url(url)), reason))
+        warn_once(f"open:{url}", f"{label} cache {display_url(url)} is unusable ({reason}); ignoring it")
         return None
 
 
@@ -137,9 +137,9 @@ class LayeredCache:
             return st.raw_winners()
         except Exception as e:  # noqa: BLE001 — corrupted pages, a dropped table, a lock, …
             reason = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-            if not any(f.url == st.url for f in self.failures):
-                self.failures.append(LayerFailure(label, st.url, f"cannot be read: {reason}"))
-            warn_once(f"read:{st.url}", f"{label} cache {st.url} could not be read ({reason}); ignoring it")
+            if not any(f.url == st.shown for f in self.failures):
+                self.failures.append(LayerFailure(label, st.shown, f"cannot be read: {reason}"))
+            warn_once(f"read:{st.url}", f"{label} cache {st.shown} could not be read ({reason}); ignoring it")
             return []
 
     def all_rows(self) -> List[CachedRow]:

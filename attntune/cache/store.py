@@ -5,7 +5,9 @@ Reads return raw column dicts; :func:`attntune.cache.models.judge` decides wheth
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import urllib.parse
 from contextlib import contextmanager
 from datetime import timedelta
@@ -44,6 +46,17 @@ def normalize_url(target: str | os.PathLike) -> str:
     if "://" in s:
         return s
     return f"sqlite:///{Path(s).expanduser().resolve()}"
+
+
+def display_url(url: str | os.PathLike) -> str:
+    """``url`` as messages show it: a database URL's password masked (``***``), a path as it is."""
+    s = str(url)
+    if "://" not in s:
+        return s
+    try:
+        return make_url(s).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 — a malformed URL: show no credentials (what is after "//" up to "@")
+        return re.sub(r"//[^/@]*@", "//***@", s)
 
 
 def _upsert_stmt(dialect: str, table, values: Dict[str, Any], force: bool):
@@ -97,6 +110,7 @@ class CacheStore:
     def __init__(self, url: str | os.PathLike, readonly: bool = False, create: bool = True,
                  timeout_s: float = BUSY_TIMEOUT_MS / 1000, lock_attempts: int = 8):
         self.url = normalize_url(url)
+        self.shown = display_url(self.url)  # in messages: no password
         self.readonly = readonly
         self.timeout_s = max(0.0, float(timeout_s))
         self.lock_attempts = max(1, lock_attempts)
@@ -105,7 +119,7 @@ class CacheStore:
             u = make_url(self.url)
             self.dialect = u.get_backend_name()
         except Exception as e:  # noqa: BLE001 — "nosuchdialect://x", malformed URLs
-            raise CacheError(f"{self.url}: not a database URL ({type(e).__name__}: {e})") from None
+            raise CacheError(f"{self.shown}: not a database URL ({type(e).__name__}: {e})") from None
         kwargs: Dict[str, Any] = {}
         urls = [u]
         if self.dialect == "sqlite":
@@ -126,11 +140,16 @@ class CacheStore:
             kwargs["connect_args"] = {"timeout": self.timeout_s, "check_same_thread": False}
         else:
             kwargs["pool_pre_ping"] = True
+            if self.dialect == "postgresql":
+                # A server that accepts the connection but never answers (hung, overloaded, a half-open
+                # firewall) blocked the first attention() call forever: libpq's connect timeout bounds
+                # the handshake (whole seconds, 2 at least: the runtime's 0.2 s becomes 2 s)
+                kwargs["connect_args"] = {"connect_timeout": max(2, math.ceil(self.timeout_s))}
         for i, target in enumerate(urls):
             try:
                 self.engine: Engine = create_engine(target, **kwargs)
             except Exception as e:  # noqa: BLE001 — a missing driver (psycopg), bad arguments
-                raise CacheError(f"{self.url}: cannot open ({type(e).__name__}: {str(e).splitlines()[0]})") \
+                raise CacheError(f"{self.shown}: cannot open ({type(e).__name__}: {str(e).splitlines()[0]})") \
                     from None
             if self.dialect == "sqlite":
                 event.listen(self.engine, "connect", self._sqlite_pragmas)
@@ -164,11 +183,11 @@ class CacheStore:
         try:
             tables = set(inspect(self.engine).get_table_names())
         except Exception as e:  # noqa: BLE001 — "file is not a database", connection refused, …
-            raise CacheError(f"{self.url}: cannot read ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+            raise CacheError(f"{self.shown}: cannot read ({type(e).__name__}: {str(e).splitlines()[0]})") from e
         if "attntune_meta" not in tables:
             if not create:
                 if tables or self.readonly:
-                    raise CacheError(f"{self.url}: not an attntune cache (no attntune_meta table)")
+                    raise CacheError(f"{self.shown}: not an attntune cache (no attntune_meta table)")
                 return
             self._create_tables()
             with self.session() as s:
@@ -182,7 +201,7 @@ class CacheStore:
             row = s.get(Meta, "schema_version")
         version = int(row.value) if row else 0
         if version > SCHEMA_VERSION:
-            raise CacheError(f"{self.url}: schema version {version} is newer than this attntune ({SCHEMA_VERSION})")
+            raise CacheError(f"{self.shown}: schema version {version} is newer than this attntune ({SCHEMA_VERSION})")
         if version < SCHEMA_VERSION and not self.readonly:
             self._migrate(version)
 
@@ -232,7 +251,7 @@ class CacheStore:
 
     def _writable(self) -> None:
         if self.readonly:
-            raise CacheError(f"{self.url}: opened read-only")
+            raise CacheError(f"{self.shown}: opened read-only")
 
     # ---- winners --------------------------------------------------------------------------------
     def upsert_winner(self, rec: WinnerRecord, force: bool = False) -> bool:
@@ -413,4 +432,4 @@ class CacheStore:
         self.engine.dispose()
 
     def __repr__(self) -> str:
-        return f"<CacheStore {self.url}{' ro' if self.readonly else ''}>"
+        return f"<CacheStore {self.shown}{' ro' if self.readonly else ''}>"

@@ -102,13 +102,13 @@ def open_target(url: str) -> "CacheStore":
     """The cache a command writes to (``tune``, ``import``), checked before any work is done: it opens
     for writing (the store refuses read-only files and directories) and its winners table reads.
     Raises CliError saying which cache and why."""
-    from attntune.cache.store import CacheStore
+    from attntune.cache.store import CacheStore, display_url
 
     try:
         store = CacheStore(url)
         store.count()
     except Exception as e:  # noqa: BLE001 — any failure here means the cache cannot be used
-        raise CliError(f"cache {url}: {_reason(e)}") from e
+        raise CliError(f"cache {display_url(url)}: {_reason(e)}") from e
     return store
 
 

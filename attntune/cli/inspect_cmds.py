@@ -153,7 +153,7 @@ def import_cmd(
             written += 1
         else:
             kept += 1
-    console.print(f"imported {written} rows into {target.url}; {kept} kept (existing row faster); "
+    console.print(f"imported {written} rows into {target.shown}; {kept} kept (existing row faster); "
                   f"{len(rejected)} rejected")
     for r in rejected:
         console.print(f"  [yellow]rejected[/yellow] {r}")

@@ -222,7 +222,7 @@ def tune(
     Example: attntune tune --shape b=4,hq=32,hkv=8,sq=2048,d=128,causal=1
     --shape hq=32,hkv=8,sq=1,skv=8192,d=128,kv_lens=1
     """
-    from attntune.autotune.runner import Interrupted, run_tuning, sigterm_as_interrupt
+    from attntune.autotune.runner import Interrupted, run_tuning, stop_signals_as_interrupt
     from attntune.autotune.sweep import FatalDeviceError
     from attntune.autotune.timing import TimingOptions
     from attntune.cache import CacheStore, user_cache_url
@@ -265,7 +265,7 @@ def tune(
     progress = _progress()
     view = _ProgressView(progress)
     interrupted = False
-    previous_sigterm = sigterm_as_interrupt()
+    previous_handlers = stop_signals_as_interrupt()
     try:
         with progress:
             results = run_tuning(
@@ -294,8 +294,8 @@ def tune(
     except ValueError as e:  # the tuner refusing its arguments (e.g. several workers, no shared storage)
         raise CliError(str(e)) from None
     finally:
-        if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, previous_sigterm)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
     console.print(_summary(results))
     tuned = sum(r.status == "tuned" for r in results)
     console.print(
