@@ -68,8 +68,9 @@ def test_import_rejects_bad_records(tmp_path, monkeypatch):
     out.write_text(json.dumps(doc))
     dst = tmp_path / "dst.db"
     r = runner.invoke(app, ["import", str(out), "--cache", str(dst)])
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # a problem with the file (the user's to fix), not a bug
     assert "3 rejected" in r.output and "unknown variant" in r.output and "malformed" in r.output
+    assert "every record was rejected" in r.output
     assert CacheStore(dst).count() == 0
     (tmp_path / "notjson.json").write_text("{")
     r = runner.invoke(app, ["import", str(tmp_path / "notjson.json"), "--cache", str(dst)])
@@ -113,3 +114,59 @@ def test_doctor_says_how_float32_calls_run_on_a_gpu(monkeypatch, hip, precision,
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: precision)
     line = _tf32_line("cuda")
     assert line["active"] is active and line["supported"] is (hip is None) and says in line["why"]
+
+
+def test_export_and_report_never_overwrite_a_cache(tmp_path, monkeypatch):
+    """`export cache.db --cache cache.db` replaced the cache with JSON (every row lost); an output file
+    that is any SQLite database is refused too, and a refused write leaves the file as it was."""
+    db = tmp_path / "u.db"
+    monkeypatch.setenv("ATTNTUNE_CACHE", str(db))
+    _seed(db)
+    other = tmp_path / "other.db"
+    _seed(other, n=1)
+    for cmd in (["export"], ["report", "--out"]):
+        for target, why in ((db, "is the user cache itself"), (other, "is an SQLite database")):
+            r = runner.invoke(app, [*cmd, str(target)])
+            assert r.exit_code == 2 and why in r.output, r.output
+        assert CacheStore(db).count() == 3 and CacheStore(other).count() == 1
+    out = tmp_path / "out.json"
+    out.write_text("old")
+    assert runner.invoke(app, ["export", str(out)]).exit_code == 0
+    assert len(json.loads(out.read_text())["records"]) == 3
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_import_replaces_a_stored_row_that_is_not_valid(tmp_path, monkeypatch):
+    """A stale stored row (tuned under other software) timed faster kept its place ("existing row
+    faster") and the key was never served from a valid row; the tuner replaces such rows, import too."""
+    import sqlite3
+
+    src = tmp_path / "src.db"
+    monkeypatch.setenv("ATTNTUNE_CACHE", str(src))
+    _seed(src, n=1)
+    out = tmp_path / "export.json"
+    assert runner.invoke(app, ["export", str(out)]).exit_code == 0
+    con = sqlite3.connect(src)
+    fp = json.loads(con.execute("select fingerprint_json from winners").fetchone()[0])
+    fp["torch"] = "1.0.0"
+    con.execute("update winners set fingerprint_json=?, median_ms=median_ms/10", (json.dumps(fp),))
+    con.commit()
+    con.close()
+    r = runner.invoke(app, ["show", "--json", "--status", "all"])
+    assert [row["status"] for row in json.loads(r.output)] == ["stale"]
+    r = runner.invoke(app, ["import", str(out)])
+    assert r.exit_code == 0 and "imported 1 rows" in r.output, r.output
+    r = runner.invoke(app, ["show", "--json", "--status", "all"])
+    assert [row["status"] for row in json.loads(r.output)] == ["valid"]
+
+
+@pytest.mark.parametrize("content,match", [(b"\xff\xfe\x00garbage", "not valid JSON"),
+                                           (b'{"format": "attntune-cache", "version": "1", "records": []}',
+                                            "export version must be a non-negative integer"),
+                                           (b'{"format": "attntune-cache", "version": null, "records": []}',
+                                            "export version must be a non-negative integer")])
+def test_import_names_a_malformed_file(tmp_path, content, match):
+    f = tmp_path / "bad.json"
+    f.write_bytes(content)
+    r = runner.invoke(app, ["import", str(f), "--cache", str(tmp_path / "c.db")])
+    assert r.exit_code == 2 and match in r.output and "internal error" not in r.output, r.output

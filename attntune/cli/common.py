@@ -112,6 +112,44 @@ def open_target(url: str) -> "CacheStore":
     return store
 
 
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def write_output(path: "os.PathLike | str", text: str, layers: "Optional[LayeredCache]" = None) -> None:
+    """Write a command's output file (``export``, ``report --out``) safely: never over a cache (one of
+    ``layers``' files, or any SQLite database — ``export cache.db --cache cache.db`` replaced the cache
+    with JSON, every row lost), and atomically (a temporary file renamed into place: an interrupted
+    write leaves the old file). Raises CliError naming the file."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    out = Path(path)
+    try:
+        target = out.expanduser().resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise CliError(f"{path}: cannot be written ({e})") from None
+    for label, st in (layers.layers if layers is not None else []):
+        db = make_url(st.url).database if st.dialect == "sqlite" else None
+        if db and Path(db).resolve() == target:
+            raise CliError(f"{path}: is the {label} cache itself; choose another output file")
+    if target.is_dir():
+        raise CliError(f"{path}: is a directory")
+    try:
+        with open(target, "rb") as f:
+            if f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC:
+                raise CliError(f"{path}: is an SQLite database (a cache?); not overwriting it")
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        pass
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CliError(f"{path}: cannot be written ({e.strerror or e})") from None
+
+
 def _reason(e: BaseException) -> str:
     """Why a cache cannot be used, as one line (the caller names the cache)."""
     return _without_location(str(e).splitlines()[0]) if type(e).__name__ == "CacheError" else one_line(e)

@@ -21,7 +21,7 @@ from rich.table import Table
 from attntune.cli import app
 from attntune.cli.common import (LAYER_ORDER, CliError, console, fmt_config, fmt_ms, layer_failures,
                                  more_line, open_target, read_layers, record_matches, row_json,
-                                 user_layer_missing)
+                                 user_layer_missing, write_output)
 
 EXPORT_FORMAT = "attntune-cache"
 EXPORT_VERSION = 1
@@ -99,13 +99,13 @@ def export_cmd(
     include_stale: bool = typer.Option(False, help="Also export stale rows."),
 ) -> None:
     """Write the winners to a JSON file (validated rows only; stale ones on request)."""
-    _, effective = read_layers(cache, system)
+    layers, effective = read_layers(cache, system)
     keep = {"valid", "stale"} if include_stale else {"valid"}
     recs = [r.record for r in effective.values() if r.status in keep and r.record is not None]
     left = Counter(r.status for r in effective.values() if r.status not in keep or r.record is None)
     doc = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
            "records": [json.loads(rec.model_dump_json()) for rec in recs]}
-    file.write_text(json.dumps(doc, indent=1))
+    write_output(file, json.dumps(doc, indent=1), layers)
     console.print(f"exported {len(recs)} rows to {file}")
     if left:
         hint = "; --include-stale exports the stale ones" if left["stale"] and not include_stale else ""
@@ -129,13 +129,16 @@ def import_cmd(
     from attntune.cache.models import record_to_row
 
     try:
-        doc = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CliError(f"{file}: not valid JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT or not isinstance(doc.get("records"), list):
         raise CliError(f"{file}: not an attntune export (expected format={EXPORT_FORMAT!r} with records)")
-    if doc.get("version", 0) > EXPORT_VERSION:
-        raise CliError(f"{file}: export version {doc.get('version')} is newer than this attntune")
+    version = doc.get("version", 0)
+    if type(version) is not int or version < 0:
+        raise CliError(f"{file}: export version must be a non-negative integer, got {version!r}")
+    if version > EXPORT_VERSION:
+        raise CliError(f"{file}: export version {version} is newer than this attntune")
     target = open_target(cache or user_cache_url())
     written = kept = 0
     rejected: List[str] = []
@@ -143,13 +146,20 @@ def import_cmd(
         try:
             rec = WinnerRecord.model_validate(raw)
         except ValidationError as e:
-            rejected.append(f"record {i}: malformed ({e.error_count()} errors: {e.errors()[0]['msg']})")
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first.get("loc", ())) or "record"
+            rejected.append(f"record {i}: malformed ({e.error_count()} error(s); {where}: "
+                            f"{first['msg'].splitlines()[0]})")
             continue
         verdict = judge(record_to_row(rec), "import", registry)
         if verdict.status == "rejected" or (verdict.status == "stale" and not allow_stale):
             rejected.append(f"record {i} ({rec.key.short()}): {verdict.status}: {'; '.join(verdict.reasons)}")
             continue
-        if target.upsert_winner(rec, force=force):
+        # A stored row that is not valid (stale, rejected) never keeps its place by being "faster": the
+        # tuner replaces such rows too (it stayed, and the key was never served from a valid row)
+        stored = target.raw_winner(rec.key_id)
+        replace = force or (stored is not None and judge(stored, "user", registry).status != "valid")
+        if target.upsert_winner(rec, force=replace):
             written += 1
         else:
             kept += 1
@@ -158,7 +168,7 @@ def import_cmd(
     for r in rejected:
         console.print(f"  [yellow]rejected[/yellow] {r}")
     if rejected and not written and not kept:
-        raise typer.Exit(1)
+        raise CliError(f"{file}: every record was rejected; nothing imported")
 
 
 def _layer_reports(layers, rows, user_url: str, explicit: bool) -> List[Dict[str, Any]]:
