@@ -391,3 +391,42 @@ def test_a_postgres_server_that_never_answers_is_skipped_in_seconds_and_no_passw
     assert "s3cret" not in str(got[0]) and "***" in str(got[0])
     assert display_url(url) == url.replace("s3cret", "***")
     assert display_url("/a/path/cache.db") == "/a/path/cache.db"
+
+
+def test_another_applications_sqlite_database_is_never_written(tmp_path):
+    """A --cache / ATTNTUNE_CACHE pointing at another application's database: it got attntune's tables
+    and was switched to WAL (by the runtime's miss writer, tune and import) after a warning that said
+    it was ignored."""
+    from attntune.cache.store import CacheError
+
+    app_db = tmp_path / "app.db"
+    con = sqlite3.connect(app_db)
+    con.execute("create table users (id integer)")
+    con.commit()
+    con.close()
+    for readonly in (False, True):
+        with pytest.raises(CacheError, match="not an attntune cache"):
+            CacheStore(app_db, readonly=readonly)
+    con = sqlite3.connect(app_db)
+    assert [r[0] for r in con.execute("select name from sqlite_master where type='table'")] == ["users"]
+    assert con.execute("pragma journal_mode").fetchone()[0] == "delete"
+    con.close()
+    CacheStore(tmp_path / "empty.db").dispose()  # an empty file still becomes a cache
+
+
+def test_a_symlink_loop_at_the_cache_path_does_not_take_the_other_layers_down(tmp_path, monkeypatch):
+    from attntune.cache.store import normalize_url
+
+    (tmp_path / "a.db").symlink_to(tmp_path / "b.db")
+    (tmp_path / "b.db").symlink_to(tmp_path / "a.db")
+    assert normalize_url(tmp_path / "a.db") == f"sqlite:///{tmp_path / 'a.db'}"
+    system = tmp_path / "system.db"
+    st = CacheStore(system)
+    st.upsert_winner(make_rec(key=make_key(sq=64)))
+    st.dispose()
+    monkeypatch.setenv("ATTNTUNE_SYSTEM_CACHE", str(system))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lc = LayeredCache.open_default(str(tmp_path / "a.db"))
+    assert [label for label, _ in lc.layers] == ["system"]
+    assert [f.label for f in lc.failures] == ["user"]

@@ -45,7 +45,11 @@ def normalize_url(target: str | os.PathLike) -> str:
     s = str(target)
     if "://" in s:
         return s
-    return f"sqlite:///{Path(s).expanduser().resolve()}"
+    try:
+        path = str(Path(s).expanduser().resolve())
+    except (OSError, RuntimeError):  # a symlink loop: the open that follows says what is wrong with it
+        path = os.path.abspath(os.path.expanduser(s))
+    return f"sqlite:///{path}"
 
 
 def display_url(url: str | os.PathLike) -> str:
@@ -170,7 +174,7 @@ class CacheStore:
     def _sqlite_pragmas(self, dbapi_conn, _record) -> None:
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={int(self.timeout_s * 1000)}")
-        if not self.readonly:
+        if not self.readonly and not self._foreign_sqlite(cur):
             # WAL: readers never block the writer, so dispatching processes can read while tuning.
             # Switching a fresh file into WAL needs an exclusive lock and SQLite answers "database is
             # locked" at once (the busy handler is not consulted) while a neighbour does the same, as
@@ -178,6 +182,13 @@ class CacheStore:
             retry_locked(cur.execute, "PRAGMA journal_mode=WAL", attempts=self.lock_attempts)
             cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
+
+    @staticmethod
+    def _foreign_sqlite(cur) -> bool:
+        """Whether the file holds another application's tables and no attntune cache: it is refused by
+        :meth:`_check_schema`, and must not be switched to WAL first (the mode is stored in the file)."""
+        names = {r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        return "attntune_meta" not in names and bool(names - set(Base.metadata.tables))
 
     def _check_schema(self, create: bool) -> None:
         try:
@@ -189,6 +200,13 @@ class CacheStore:
                 if tables or self.readonly:
                     raise CacheError(f"{self.shown}: not an attntune cache (no attntune_meta table)")
                 return
+            foreign = sorted(tables - set(Base.metadata.tables))
+            if foreign and self.dialect == "sqlite":
+                # another application's database (a wrong --cache path): the runtime, tune and import
+                # wrote attntune's tables into it and switched it to WAL. A fleet's PostgreSQL database
+                # may hold other tables (optuna's) by design.
+                raise CacheError(f"{self.shown}: not an attntune cache (it holds other tables: "
+                                 f"{', '.join(foreign[:5])}{', …' if len(foreign) > 5 else ''}); not writing into it")
             self._create_tables()
             with self.session() as s:
                 try:
