@@ -41,6 +41,8 @@ class CacheIndex:
         self.user_url = user_url
         self.timeout_s = timeout_s
         self._user: Optional[CacheStore] = None
+        #: why the online policy stopped tuning in this process (its first failure), or None
+        self.online_off: Optional[str] = None
         #: key_id -> the stale-by-versions row of keys without a valid one (see CachedRow.hint)
         self.hints: Dict[str, CachedRow] = {}
         self._lock = threading.Lock()

@@ -267,16 +267,28 @@ def _online(problem: AttentionProblem, key: TuneKey, index: CacheIndex, cfg: Run
                               "untuned keys use the nearest bucket or heuristics")
         notes.append("online tuning unavailable (no tuner)")
         return None
+    if index.online_off:
+        notes.append(f"online tuning off for this process: {index.online_off}")
+        return None
     store = index.user
     if store is None:
         notes.append("online tuning skipped: no writable user cache")
+        return None
+    locked = store.locked_now()
+    if locked:  # another process is writing: this key stays a miss (tuned by a later call or `tune`)
+        notes.append(f"online tuning skipped: the user cache is locked now ({locked})")
         return None
     LOG.info("online: tuning %s (%d trials, %.0f s)", key.short(), cfg.online_trials, cfg.online_seconds)
     try:
         rec = tuner(problem, store, trials=cfg.online_trials, time_limit=cfg.online_seconds)
     except Exception as e:  # noqa: BLE001 — tuning is best effort; the call must still be served
-        warn(f"online:{key.key_id}", f"online tuning of {key.short()} failed ({type(e).__name__}: {e})")
-        notes.append(f"online tuning failed: {type(e).__name__}: {e}")
+        # off for the rest of the process after one failure: each new key would pay the tuner's lock
+        # retries (~8 s) again, and warn with the whole failing SQL statement
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        index.online_off = f"it failed on {key.short()} ({why})"
+        warn("online:failed", f"online tuning failed on {key.short()} ({why}); it is off for this process "
+                              "(untuned keys use the nearest bucket or heuristics; `attntune tune` tunes them)")
+        notes.append(f"online tuning failed: {why}")
         return None
     if rec is None:
         notes.append("online tuning found no valid winner")

@@ -515,10 +515,54 @@ def test_policy_online_tuner_failure_falls_back(monkeypatch):
     monkeypatch.setenv("ATTNTUNE_POLICY", "online")
     attntune.reset()
     q, k, v = rand_qkv(1, 2, 2, 8, 8, 16)
-    with pytest.warns(RuntimeWarning, match="online tuning"):
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
         out = attntune.attention(q, k, v)
+        attntune.attention(q[:, :, :5], k, v)  # another key: no second attempt, no second warning
     torch.testing.assert_close(out, TORCH_SDPA(q, k, v), atol=3e-5, rtol=1e-5)
+    assert len(_attntune_warnings(rec)) == 1 and "it is off for this process" in _attntune_warnings(rec)[0]
     assert attntune.explain(q, k, v).source == "heuristic"
+    assert any("online tuning off for this process" in r
+               for r in _online_notes(q[:, :, :3], k, v))
+
+
+def _online_notes(q, k, v):
+    """The reasons of a fresh (non-dry) resolution: explain() never tunes, so it never says why not."""
+    from attntune.policies import runtime as rt_mod
+
+    plan, _ = rt_mod.get().resolve(problem_from_tensors(q, k, v), q.device)
+    return list(plan.reasons)
+
+
+def test_policy_online_skips_a_locked_user_cache_without_stalling(monkeypatch, tmp_path):
+    """Another process writing the user cache: each new key's first call stalled ~8 s in the tuner's
+    lock retries (20 calls over 3 keys: 25 s); now the key is skipped (it stays a miss) at once."""
+    import sqlite3
+
+    import attntune.autotune.runner as runner
+
+    calls = []
+    monkeypatch.setattr(runner, "tune_one", lambda *a, **kw: calls.append(a))
+    monkeypatch.setenv("ATTNTUNE_POLICY", "online")
+    st = _user_store()
+    st.dispose()
+    attntune.reset()
+    q, k, v = rand_qkv(1, 2, 2, 8, 8, 16)
+    attntune.attention(q, k, v)  # the runtime has opened its caches
+    calls.clear()
+    locker = sqlite3.connect(str(tmp_path / "user-cache.db"), timeout=0.1, isolation_level=None)
+    try:
+        locker.execute("BEGIN EXCLUSIVE")
+        t0 = time.monotonic()
+        for sq in (3, 5, 7):
+            attntune.attention(q[:, :, :sq], k, v, causal=True)
+        took = time.monotonic() - t0
+        notes = _online_notes(q[:, :, :2], k, v)
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert calls == [] and took < 3, (calls, took)
+    assert any("the user cache is locked now" in r for r in notes), notes
 
 
 def test_disable_switch(monkeypatch):

@@ -240,6 +240,23 @@ class CacheStore:
                 if "already exists" not in str(e) or attempt == attempts - 1:
                     raise
 
+    def locked_now(self) -> Optional[str]:
+        """Why a write would have to wait now (another connection holds SQLite's write lock; the wait is
+        this store's busy timeout), or None. For callers that must not wait: the runtime's online tuning
+        skips a key instead of stalling the model's call in the tuner's lock retries (~8 s a key)."""
+        if self.dialect != "sqlite" or self.readonly:
+            return None
+        raw = self.engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            raw.rollback()
+            return None
+        except Exception as e:  # noqa: BLE001 — locked, busy, or broken: not writable now either way
+            return str(e).splitlines()[0] if str(e) else type(e).__name__
+        finally:
+            raw.close()
+
     def _migrate(self, version: int) -> None:
         """Bring an older schema up to SCHEMA_VERSION, one step per version."""
         self._create_tables()  # tables added since (claims, …)
