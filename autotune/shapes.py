@@ -44,6 +44,15 @@ def _int(field: str, raw: str) -> int:
         raise ShapeSpecError(f"field {field}: expected an integer, got {raw!r}") from None
 
 
+def _pos(field: str, raw: str) -> int:
+    """A size or length: >= 1 (``sq=0`` was tuned and stored as an "S0x0" key, a call that never needs a
+    plan: attention() returns empty results for it without one)."""
+    val = _int(field, raw)
+    if val < 1:
+        raise ShapeSpecError(f"field {field}: expected an integer >= 1, got {raw!r}")
+    return val
+
+
 def _bool(field: str, raw: str) -> bool:
     low = raw.lower()
     if low in ("1", "true", "yes", "y", "on"):
@@ -96,13 +105,13 @@ def _mode(field: str, raw: str) -> str:
 
 # spec field -> (AttentionProblem field, parser)
 _FIELDS: Dict[str, tuple] = {
-    "b": ("batch", _int),
-    "hq": ("heads_q", _int),
-    "hkv": ("heads_kv", _int),
-    "sq": ("seqlen_q", _int),
-    "skv": ("seqlen_kv", _int),
-    "d": ("head_dim", _int),
-    "dv": ("head_dim_v", _int),
+    "b": ("batch", _pos),
+    "hq": ("heads_q", _pos),
+    "hkv": ("heads_kv", _pos),
+    "sq": ("seqlen_q", _pos),
+    "skv": ("seqlen_kv", _pos),
+    "d": ("head_dim", _pos),
+    "dv": ("head_dim_v", _pos),
     "causal": ("causal", _bool),
     "align": ("causal_align", _align),
     "window": ("window", _window),

@@ -170,3 +170,48 @@ def test_import_names_a_malformed_file(tmp_path, content, match):
     f.write_bytes(content)
     r = runner.invoke(app, ["import", str(f), "--cache", str(tmp_path / "c.db")])
     assert r.exit_code == 2 and match in r.output and "internal error" not in r.output, r.output
+
+
+def test_runtime_warnings_are_one_cli_line(tmp_path):
+    """explain reaches an unusable cache through the runtime, whose warning Python printed as two lines
+    ending in attntune's own source line; the CLI prints it as its one ``attntune: warning:`` line."""
+    import os
+    import subprocess
+    import sys
+
+    bad = tmp_path / "cache.db"
+    bad.write_bytes(os.urandom(4096))
+    env = dict(os.environ, ATTNTUNE_CACHE=str(bad), ATTNTUNE_SYSTEM_CACHE="")
+    p = subprocess.run([sys.executable, "-m", "attntune", "explain", "--shape", "b=1,hq=2,sq=64,d=32"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert lines and all(ln.startswith("attntune: warning: ") for ln in lines), p.stderr
+    assert any("is unusable" in ln for ln in lines) and "RuntimeWarning" not in p.stderr
+
+
+@pytest.mark.parametrize("args,option", [
+    (["show", "--cache", ""], "--cache"), (["show", "--mode", "bogus"], "--mode"),
+    (["show", "--dtype", "int8"], "--dtype"), (["export", "x.json", "--cache", " "], "--cache"),
+    (["tune", "--suite", "", "--device", "cpu"], "--suite"),
+    (["tune", "--suite", "demo", "--device", "cpu", "--cache", ""], "--cache")])
+def test_empty_or_impossible_options_are_refused(args, option):
+    """An empty --cache/--suite (a script's unset variable) meant the default (tuning into ~/.cache); a
+    --mode/--dtype no row can have printed "No rows"."""
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and option in r.output, r.output
+
+
+def test_a_cache_with_a_malformed_schema_version_is_named(tmp_path):
+    import sqlite3
+
+    from attntune.cache.store import CacheError
+
+    db = tmp_path / "c.db"
+    _seed(db, n=1).dispose()
+    con = sqlite3.connect(db)
+    con.execute("update attntune_meta set value='x1' where name='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(CacheError, match="schema version 'x1' is not a number"):
+        CacheStore(db)

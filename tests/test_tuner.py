@@ -838,6 +838,9 @@ def test_claims_are_respected_and_expired_claims_taken_over(tmp_path):
         ("hq=4,sq=4,d=8,dtype=int8", "field dtype"),
         ("hq=4,sq=4,d=0", "field d"),
         ("hq=4,sq=1,skv=9,d=8,kv=int8", "field kv"),
+        ("hq=4,sq=0,d=8", "field sq"),
+        ("b=0,hq=4,sq=4,d=8", "field b"),
+        ("hq=4,sq=4,skv=-3,d=8", "field skv"),
     ],
 )
 def test_shape_spec_errors_name_the_field(spec, field):

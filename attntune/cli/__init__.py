@@ -47,6 +47,31 @@ def _global_options(
     ),
 ) -> None:
     ctx.meta[DEBUG_KEY] = debug
+    if not debug:
+        _one_line_warnings()
+
+
+def _one_line_warnings() -> None:
+    """attntune's own warnings (an unusable cache, a bad switch) as the CLI's one ``attntune: warning:``
+    line, as the commands print theirs — not Python's two lines with attntune's source line (``explain``
+    and ``bench`` reach them through the runtime). Other warnings keep Python's format."""
+    import warnings
+
+    prev = warnings.showwarning
+    if getattr(prev, "_attntune_one_line", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if text.startswith("attntune: "):
+            from attntune.cli.common import warn_line
+
+            warn_line(text[len("attntune: "):])
+        else:
+            prev(message, category, filename, lineno, file, line)
+
+    show._attntune_one_line = True
+    warnings.showwarning = show
 
 
 # Command modules register themselves on import (kept last: they import ``app`` from here).

@@ -49,6 +49,15 @@ def _registry():
     return registry
 
 
+def check_cache_option(cache: Optional[str]) -> None:
+    """``--cache ""`` (a script's unset variable) silently meant the default cache (``~/.cache``)."""
+    if cache is not None and not cache.strip():
+        import typer
+
+        raise typer.BadParameter("is empty (an unset variable?); leave it out for the default user cache",
+                                 param_hint="--cache")
+
+
 def read_layers(cache: Optional[str], system: bool = True, strict: bool = True,
                 effective: bool = True) -> Tuple["LayeredCache", Any]:
     """Open the layered cache the read commands use and read it once: ``--cache URL`` replaces the
@@ -56,6 +65,7 @@ def read_layers(cache: Optional[str], system: bool = True, strict: bool = True,
     are ``layers.effective()`` (key_id -> the row that applies), or with ``effective=False`` every row
     of every layer (``layers.all_rows()``, each row's ``origin`` naming its layer).
 
+    An empty ``cache`` ("", an unset shell variable) is refused rather than read as the default cache.
     The user layer is opened read-only: a command that only reads needs no write permission and
     creates no file. Reading is part of opening: a layer that opens but cannot be read (a dropped
     table, corrupt pages) is only known once read.
@@ -65,6 +75,7 @@ def read_layers(cache: Optional[str], system: bool = True, strict: bool = True,
     "0 rows") as if that cache were empty; a failed system layer is one warning line. ``doctor``
     passes ``strict=False`` and reports them all.
     """
+    check_cache_option(cache)
     from attntune.cache import LayeredCache
 
     with warnings.catch_warnings():

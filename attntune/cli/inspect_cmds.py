@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from attntune.cli import app
-from attntune.cli.common import (LAYER_ORDER, CliError, console, fmt_config, fmt_ms, layer_failures,
+from attntune.cli.common import (LAYER_ORDER, CliError, check_cache_option, console, fmt_config, fmt_ms, layer_failures,
                                  more_line, open_target, read_layers, record_matches, row_json,
                                  user_layer_missing, write_output)
 
@@ -27,6 +27,16 @@ EXPORT_FORMAT = "attntune-cache"
 EXPORT_VERSION = 1
 STATUSES = ("valid", "stale", "rejected")
 DOCTOR_PROBLEMS = 20  # problem rows listed per layer without --all
+
+
+def _check_filters(dtype: Optional[str], mode: Optional[str]) -> None:
+    """A filter no row can match is a typo ("No rows" said nothing about it)."""
+    from attntune.problem import DTYPES
+
+    if dtype is not None and dtype not in DTYPES:
+        raise typer.BadParameter(f"expected one of {sorted(DTYPES)}", param_hint="--dtype")
+    if mode is not None and mode not in ("fwd", "fwd_bwd"):
+        raise typer.BadParameter("expected fwd or fwd_bwd", param_hint="--mode")
 
 
 @app.command()
@@ -45,6 +55,7 @@ def show(
     Rows of another status than --status are counted under the table, never dropped silently."""
     if status not in ("all", *STATUSES):
         raise typer.BadParameter("must be valid, stale, rejected or all", param_hint="--status")
+    _check_filters(dtype, mode)
     _, effective = read_layers(cache, system)
     matching = [r for r in effective.values()
                 if record_matches(r.record, arch=arch, dtype=dtype, variant=variant, mode=mode)]
@@ -139,6 +150,7 @@ def import_cmd(
         raise CliError(f"{file}: export version must be a non-negative integer, got {version!r}")
     if version > EXPORT_VERSION:
         raise CliError(f"{file}: export version {version} is newer than this attntune")
+    check_cache_option(cache)
     target = open_target(cache or user_cache_url())
     written = kept = 0
     rejected: List[str] = []

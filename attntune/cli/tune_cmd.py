@@ -13,7 +13,8 @@ import typer
 from rich.table import Table
 
 from attntune.cli import app
-from attntune.cli.common import CliError, console, err_console, fmt_ms, open_target, read_layers
+from attntune.cli.common import (CliError, check_cache_option, console, err_console, fmt_ms, open_target,
+                                 read_layers)
 from attntune.cli.common import parse_device as _device
 
 SHAPE_HELP = (
@@ -240,6 +241,10 @@ def tune(
         raise typer.BadParameter("cannot be combined with --suite or --shape", param_hint="--from-misses")
     if suite and shape:
         raise typer.BadParameter("give --suite or --shape, not both", param_hint="--shape")
+    check_cache_option(cache)
+    if suite is not None and not suite.strip():
+        raise typer.BadParameter("is empty (an unset variable?); leave it out for the device's default suite",
+                                 param_hint="--suite")
     cache_url = cache or user_cache_url()
     if revalidate:
         if suite or shape or from_misses or force:
