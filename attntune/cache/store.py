@@ -220,7 +220,8 @@ class CacheStore:
         try:
             version = int(row.value) if row else 0
         except (TypeError, ValueError):
-            raise CacheError(f"{self.shown}: schema version {row.value!r} is not a number (a damaged cache)") from None
+            raise CacheError(f"{self.shown}: schema version {row.value!r} is not a number "
+                             "(a damaged cache)") from None
         if version > SCHEMA_VERSION:
             raise CacheError(f"{self.shown}: schema version {version} is newer than this attntune ({SCHEMA_VERSION})")
         if version < SCHEMA_VERSION and not self.readonly:
