@@ -215,3 +215,30 @@ def test_a_cache_with_a_malformed_schema_version_is_named(tmp_path):
     con.close()
     with pytest.raises(CacheError, match="schema version 'x1' is not a number"):
         CacheStore(db)
+
+
+def test_import_into_a_locked_cache_names_it_and_says_what_to_do(tmp_path, monkeypatch):
+    import sqlite3
+
+    from attntune.cache import retry
+
+    src = tmp_path / "src.db"
+    monkeypatch.setenv("ATTNTUNE_CACHE", str(src))
+    _seed(src, n=2)
+    out = tmp_path / "export.json"
+    assert runner.invoke(app, ["export", str(out)]).exit_code == 0
+    dst = tmp_path / "dst.db"
+    CacheStore(dst).dispose()
+    tries = []
+
+    def locked(self, rec, force=False):
+        tries.append(rec.key_id)
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(CacheStore, "upsert_winner", locked)
+    monkeypatch.setattr(retry.time, "sleep", lambda s: None)  # the retries' back-off, not their count
+    r = runner.invoke(app, ["import", str(out), "--cache", str(dst)])
+    assert r.exit_code == 2, r.output
+    assert f"cache {dst}" in " ".join(r.output.split()) or f"cache sqlite:///{dst}" in " ".join(r.output.split())
+    assert "locked by another process" in r.output and "run the same import again" in " ".join(r.output.split())
+    assert len(tries) == 8  # retried (busy timeout aside) before giving up

@@ -136,6 +136,7 @@ def import_cmd(
     from pydantic import ValidationError
 
     from attntune.cache import WinnerRecord, judge, user_cache_url
+    from attntune.cache.retry import is_locked, retry_locked
     from attntune.kernels import registry
     from attntune.cache.models import record_to_row
 
@@ -169,9 +170,17 @@ def import_cmd(
             continue
         # A stored row that is not valid (stale, rejected) never keeps its place by being "faster": the
         # tuner replaces such rows too (it stayed, and the key was never served from a valid row)
-        stored = target.raw_winner(rec.key_id)
-        replace = force or (stored is not None and judge(stored, "user", registry).status != "valid")
-        if target.upsert_winner(rec, force=replace):
+        try:  # another writer (a tune) may hold the lock past the busy timeout: retried, then named
+            stored = retry_locked(target.raw_winner, rec.key_id)
+            replace = force or (stored is not None and judge(stored, "user", registry).status != "valid")
+            done = retry_locked(target.upsert_winner, rec, force=replace)
+        except Exception as e:  # noqa: BLE001
+            if not is_locked(e):
+                raise
+            raise CliError(f"cache {target.shown}: locked by another process; {written + kept} of "
+                           f"{len(doc['records'])} records were settled (each is committed on its own): run "
+                           "the same import again when the other process is done") from None
+        if done:
             written += 1
         else:
             kept += 1
