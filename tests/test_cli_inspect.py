@@ -53,6 +53,8 @@ def test_export_import_round_trip(tmp_path, monkeypatch):
     a = sorted(CacheStore(src).raw_winners(), key=lambda x: x["key_id"])
     b = sorted(CacheStore(dst).raw_winners(), key=lambda x: x["key_id"])
     assert a == b
+    r = runner.invoke(app, ["import", str(out), "--cache", str(dst)])  # again: nothing changes, and it says so
+    assert r.exit_code == 0 and "imported 0 rows" in r.output and "3 already there" in r.output, r.output
 
 
 def test_import_rejects_bad_records(tmp_path, monkeypatch):

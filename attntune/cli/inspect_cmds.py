@@ -123,6 +123,15 @@ def export_cmd(
         console.print(f"left out: {', '.join(f'{n} {s}' for s, n in sorted(left.items()))}{hint}")
 
 
+def _same_row(stored: Dict[str, Any], rec) -> bool:
+    """Whether the stored row is ``rec`` already (what decides a winner, and when it was measured)."""
+    from attntune.cache.models import record_to_row
+
+    new = record_to_row(rec)
+    return all(stored.get(c) == new[c] for c in ("variant", "config_json", "median_ms", "fingerprint_json",
+                                                  "created_at"))
+
+
 @app.command("import")
 def import_cmd(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON file written by export."),
@@ -153,7 +162,7 @@ def import_cmd(
         raise CliError(f"{file}: export version {version} is newer than this attntune")
     check_cache_option(cache)
     target = open_target(cache or user_cache_url())
-    written = kept = 0
+    written = kept = same = 0
     rejected: List[str] = []
     for i, raw in enumerate(doc["records"]):
         try:
@@ -172,12 +181,15 @@ def import_cmd(
         # tuner replaces such rows too (it stayed, and the key was never served from a valid row)
         try:  # another writer (a tune) may hold the lock past the busy timeout: retried, then named
             stored = retry_locked(target.raw_winner, rec.key_id)
+            if stored is not None and _same_row(stored, rec):
+                same += 1  # importing a file twice changes nothing, and says so
+                continue
             replace = force or (stored is not None and judge(stored, "user", registry).status != "valid")
             done = retry_locked(target.upsert_winner, rec, force=replace)
         except Exception as e:  # noqa: BLE001
             if not is_locked(e):
                 raise
-            raise CliError(f"cache {target.shown}: locked by another process; {written + kept} of "
+            raise CliError(f"cache {target.shown}: locked by another process; {written + kept + same} of "
                            f"{len(doc['records'])} records were settled (each is committed on its own): run "
                            "the same import again when the other process is done") from None
         if done:
@@ -185,10 +197,10 @@ def import_cmd(
         else:
             kept += 1
     console.print(f"imported {written} rows into {target.shown}; {kept} kept (existing row faster); "
-                  f"{len(rejected)} rejected")
+                  + (f"{same} already there; " if same else "") + f"{len(rejected)} rejected")
     for r in rejected:
         console.print(f"  [yellow]rejected[/yellow] {r}")
-    if rejected and not written and not kept:
+    if rejected and not written and not kept and not same:
         raise CliError(f"{file}: every record was rejected; nothing imported")
 
 
