@@ -14,6 +14,7 @@ A serving cache is quantised as it fills: fix the scales from the prompt (or a c
 
 from __future__ import annotations
 
+import math
 from typing import Tuple
 
 import torch
@@ -48,9 +49,12 @@ def scales(x: torch.Tensor, *, per: str = "head", dtype: torch.dtype = torch.flo
                          f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     if per not in ("head", "tensor"):
         raise ValueError(f"per: expected 'head' or 'tensor', got {per!r}")
-    if not margin >= 1.0:
-        raise ValueError(f"margin: expected >= 1, got {margin}")
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 1.0):
+        # inf made every scale inf: the dequantised cache was NaN (0 * inf), and so was attention
+        raise ValueError(f"margin: expected a finite number >= 1, got {margin!r}")
     a = x.detach().float().abs()
+    if a.numel() == 0:  # an empty cache (batch or length 0): nothing to represent, scale 1 as for zeros
+        return torch.ones(x.shape[1] if per == "head" else 1, device=x.device, dtype=torch.float32)
     amax = a.amax(dim=(0, 2, 3)) if per == "head" else a.amax().reshape(1)
     if not torch.isfinite(amax).all():
         raise ValueError("x: holds inf or NaN; no finite scale represents it")
@@ -117,4 +121,15 @@ def check_scales(k: torch.Tensor, k_scale, v_scale) -> None:
                              f"{tuple(sc.shape)}")
 
 
-__all__ = ["SCALE_ATTR", "FORMATS", "scales", "quantize", "dequantize", "quantize_kv", "check_scales", "device_kv_reasons"]
+def check_scale_values(k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+    """``ValueError`` naming the scale unless every value is finite and > 0 (one host sync: the runtime
+    calls it under ``ATTNTUNE_CHECK=1`` only). A NaN scale zeroed its head's output silently; 0 or a
+    negative scale has no meaning for codes that :func:`scales` made."""
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not bool(torch.isfinite(sc).all()) or not bool((sc > 0).all()):
+            raise ValueError(f"{name}: every scale must be finite and > 0, got {sc.tolist()} "
+                             "(checked because ATTNTUNE_CHECK=1)")
+
+
+__all__ = ["SCALE_ATTR", "FORMATS", "scales", "quantize", "dequantize", "quantize_kv", "check_scales",
+           "check_scale_values", "device_kv_reasons"]

@@ -26,6 +26,8 @@ Not for beam search (``reorder_cache`` of codes is untested) nor offloading.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 
@@ -40,8 +42,8 @@ class FP8StaticLayer(StaticLayer):
     def __init__(self, max_cache_len: int, *, margin: float = 2.0, fp8_dtype: torch.dtype = torch.float8_e4m3fn,
                  **kwargs):
         super().__init__(max_cache_len=max_cache_len, **kwargs)
-        if not margin >= 1.0:
-            raise ValueError(f"margin: expected >= 1, got {margin}")
+        if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 1.0):
+            raise ValueError(f"margin: expected a finite number >= 1, got {margin!r}")
         fp8._check_format(fp8_dtype)
         self.margin, self.fp8_dtype = float(margin), fp8_dtype
         self.scaled = False  # the scales are fixed by the first update that holds tokens
@@ -96,6 +98,11 @@ class FP8StaticCache(StaticCache):
 
     def __init__(self, config, max_cache_len: int, *, margin: float = 2.0,
                  fp8_dtype: torch.dtype = torch.float8_e4m3fn, **kwargs):
+        impl = getattr(config, "_attn_implementation", None)
+        if impl not in (None, "attntune"):
+            # another backend gets the FP8 codes as numbers and fails deep inside transformers
+            raise ValueError(f"config: attn_implementation is {impl!r}; an FP8StaticCache needs "
+                             "attn_implementation='attntune' (after attntune.hf.register())")
         super().__init__(config=config, max_cache_len=max_cache_len, **kwargs)
         self.layers = [FP8StaticLayer(layer.max_cache_len, margin=margin, fp8_dtype=fp8_dtype)
                        if type(layer) is StaticLayer else layer for layer in self.layers]

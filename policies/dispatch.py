@@ -178,8 +178,7 @@ def explain(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, window: Op
     validate_qkv(q, k, v, kv_lens)
     if 0 in q.shape or 0 in k.shape or 0 in v.shape:
         _validate_empty(q, k, v, kv_lens)
-        raise ValueError(f"q/k/v: an empty dimension (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}): "
-                         "attention() returns zeros of the output's shape for such calls, without any plan")
+        raise empty_has_no_plan(q, k, v)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     problem = _problem(q, k, v, kv_lens, causal, "bottom_right", validate_window(window),
                        scale, approx, grad)
@@ -340,6 +339,12 @@ def _validate_empty(q, k, v, kv_lens) -> None:
     validate_qkv(q, k, v, kv_lens)
     if q.shape[3] == 0:
         raise ValueError("q: head_dim must be >= 1 (the softmax scale 1/sqrt(head_dim) is undefined)")
+
+
+def empty_has_no_plan(q, k, v) -> ValueError:
+    """explain()'s answer for a call with an empty dimension."""
+    return ValueError(f"q/k/v: an empty dimension (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}): "
+                      "attention() returns zeros of the output's shape for such calls, without any plan")
 
 
 def _empty(q, k, v, _problem, _config, _kv_lens) -> Tensor:
@@ -503,6 +508,9 @@ def _op_slot(q, k, v, kv_lens, causal, top_left, wl, wr, scale, approx, grad) ->
     sig = (_OP, q.shape, k.shape, v.shape, q.dtype, q.device, causal, top_left, window, scale, appr, grad,
            None if kv_lens is None else (kv_lens.shape, kv_lens.dtype), _numerics(q))
     slot = _get(sig)
+    if slot is None and (0 in q.shape or 0 in k.shape or 0 in v.shape):  # as attention() in eager mode
+        _validate_empty(q, k, v, kv_lens)
+        slot = _put_once(sig, Slot(None, _empty, None, None, 0, q.device))
     if slot is None:
         align = "top_left" if top_left else "bottom_right"
         fam = _family_sig(_OP, q, k, v, kv_lens, causal, align, window, scale, appr, grad)

@@ -91,7 +91,7 @@ HEURISTIC_RULES: Tuple[Rule, ...] = (
          "or a slow backend (odd head dim)"),
     Rule("safe", ("cuda", "cpu"), lambda p: True,
          ("sdpa_default", "eager", "fp8_dequant"),
-         "torch SDPA (a materialised mask where needed), else eager; FP8 K/V widened first"),
+         "torch SDPA (a materialised mask where needed), else eager; FP8 K/V: fp8_dequant (codes widened)"),
 )
 
 #: The safe fallback (``ATTNTUNE_DISABLE``, ``ATTNTUNE_MAX_SEQLEN``, after a failure): torch SDPA if it

@@ -203,3 +203,74 @@ def test_gpu_causal_with_a_nonpositive_scale_on_every_sdpa_backend(scale):
     assert not bad, bad
     torch.testing.assert_close(attntune.attention(q, k, v, causal=True, scale=scale).float(), ref, atol=atol,
                                rtol=rtol)
+
+
+def test_fp8_empty_calls_and_caches_give_empty_results():
+    """quantize_kv of an empty cache and FP8 calls with an empty dimension raised internal errors (an
+    amax over nothing; the problem model's "batch >= 1"); 16-bit calls return zeros."""
+    for shape in ((0, 2, 5, 8), (1, 2, 0, 8)):
+        k = torch.randn(shape)
+        for per in ("head", "tensor"):
+            k8, v8, ks, vs = fp8.quantize_kv(k, k, per=per)
+            assert k8.shape == shape and torch.equal(ks, torch.ones(2 if per == "head" else 1))
+        q = torch.randn(shape[0], 4, 1, 8, dtype=torch.bfloat16)
+        out = attntune.attention(q, k8, v8, k_scale=ks, v_scale=vs)
+        assert out.shape == (shape[0], 4, 1, 8) and not out.any()
+        with pytest.raises(ValueError, match="empty dimension"):
+            attntune.explain(q, k8, v8, k_scale=ks, v_scale=vs)
+
+
+def test_the_compiled_op_serves_empty_calls_as_eager_mode():
+    q, k, v = torch.randn(0, 4, 3, 8), torch.randn(0, 2, 5, 8), torch.randn(0, 2, 5, 8)
+    out = torch.ops.attntune.attention(q, k, v, None, True, False, dispatch.NO_WINDOW, dispatch.NO_WINDOW, None,
+                                       -1, False)
+    assert out.shape == (0, 4, 3, 8)
+
+
+def test_fp8_refuses_grad_while_compiling_too(monkeypatch):
+    """Compiled, the forward was accepted and .backward() failed inside autograd (the op has no formula)."""
+    q, k, v = rand_qkv(1, 4, 2, 1, 9, 16)
+    k8, v8, ks, vs = fp8.quantize_kv(k, v)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(ValueError, match="an FP8 K/V cache is for inference"):
+        attntune.attention(q.bfloat16().requires_grad_(True), k8, v8, k_scale=ks, v_scale=vs)
+
+
+def test_an_fp8_decode_loop_resolves_one_plan_per_family(monkeypatch):
+    """Each new KV length of an FP8 decode loop resolved a plan of its own (200 plans in 200 steps); like
+    16-bit calls, a family's plan now serves its other lengths."""
+    resolves = []
+    real = runtime.Runtime.resolve
+    monkeypatch.setattr(runtime.Runtime, "resolve", lambda self, *a, **kw: resolves.append(a) or real(self, *a, **kw))
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 2, 300, 16, generator=g), torch.randn(2, 2, 300, 16, generator=g)
+    k8, v8, ks, vs = fp8.quantize_kv(k, v)
+    q = torch.randn(2, 4, 1, 16, generator=g).bfloat16()
+    for n in range(100, 300):
+        out = attntune.attention(q, k8[:, :, :n], v8[:, :, :n], k_scale=ks, v_scale=vs)
+    p = problem_from_tensors(q.float(), k[:, :, :299], v[:, :, :299])
+    ref = reference_attention(q.double(), fp8.dequantize(k8[:, :, :299], ks).double(),
+                              fp8.dequantize(v8[:, :, :299], vs).double(), p)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    assert len(resolves) <= 5, len(resolves)  # one per length bucket the loop crosses (was one per length)
+
+
+def test_fp8_scale_values_are_checked_under_attntune_check(monkeypatch):
+    q, k, v = rand_qkv(1, 4, 2, 1, 9, 16)
+    k8, v8, ks, vs = fp8.quantize_kv(k, v)
+    q = q.bfloat16()
+    bad = ks.clone()
+    bad[1] = float("nan")
+    attntune.attention(q, k8, v8, k_scale=bad, v_scale=vs)  # unchecked by default (no host sync)
+    monkeypatch.setenv("ATTNTUNE_CHECK", "1")
+    attntune.reset()
+    for kw, name in (({"k_scale": bad, "v_scale": vs}, "k_scale"), ({"k_scale": ks, "v_scale": -vs}, "v_scale")):
+        with pytest.raises(ValueError, match=f"{name}: every scale must be finite and > 0"):
+            attntune.attention(q, k8, v8, **kw)
+    with pytest.raises(ValueError, match="margin"):
+        fp8.quantize_kv(k, v, margin=float("inf"))
+
+
+def test_explain_does_not_claim_fp8_widening_for_a_float_call():
+    q, k, v = rand_qkv(1, 4, 2, 5, 5, 16)
+    assert "FP8 K/V widened first" not in str(attntune.explain(q, k, v, causal=True))

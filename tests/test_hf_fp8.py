@@ -165,6 +165,8 @@ def test_codes_without_scales_are_refused_naming_key_value():
 def test_layer_arguments_are_checked():
     with pytest.raises(ValueError, match="margin"):
         FP8StaticLayer(8, margin=0.5)
+    with pytest.raises(ValueError, match="margin"):
+        FP8StaticLayer(8, margin=float("inf"))  # every scale inf: a NaN cache
     with pytest.raises(ValueError, match="dtype"):
         FP8StaticLayer(8, fp8_dtype=torch.int8)
 
@@ -237,3 +239,11 @@ def test_a_left_padded_batch_takes_hfs_path_over_the_widened_codes():
         want = sdpa.generate(ids, attention_mask=mask, past_key_values=_dequant_cache(sdpa.config, n, 2.0), **kw)
     assert torch.equal(got, want)
     assert not [p for p in attntune.stats()["plans"] if "kv:" in p["problem"]]  # no FP8 call reached us
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_the_fp8_cache_names_another_attention_implementation(impl):
+    """Another backend reads the codes as numbers and failed deep inside transformers."""
+    m, = _models("llama", [impl])
+    with pytest.raises(ValueError, match="config: attn_implementation is .*needs attn_implementation='attntune'"):
+        FP8StaticCache(config=m.config, max_cache_len=8)
