@@ -274,3 +274,28 @@ def test_fp8_scale_values_are_checked_under_attntune_check(monkeypatch):
 def test_explain_does_not_claim_fp8_widening_for_a_float_call():
     q, k, v = rand_qkv(1, 4, 2, 5, 5, 16)
     assert "FP8 K/V widened first" not in str(attntune.explain(q, k, v, causal=True))
+
+
+@pytest.mark.gpu
+def test_gpu_an_fp8_decode_loop_reuses_the_family_plan_and_stays_exact(monkeypatch):
+    """The FP8 family reuse on the GPU (triton_decode's family-generic slot serving new lengths with the
+    scales appended): every step against the float64 reference on the dequantised cache."""
+    from attntune.fp8 import device_kv_reasons
+
+    if device_kv_reasons("float8_e4m3fn", "cuda"):
+        pytest.skip("needs an sm_89+ GPU (FP8 codes)")
+    resolves = []
+    real = runtime.Runtime.resolve
+    monkeypatch.setattr(runtime.Runtime, "resolve", lambda self, *a, **kw: resolves.append(a) or real(self, *a, **kw))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    k = torch.randn(3, 2, 700, 64, device="cuda", generator=g)
+    v = torch.randn(3, 2, 700, 64, device="cuda", generator=g)
+    k8, v8, ks, vs = fp8.quantize_kv(k, v)
+    q = torch.randn(3, 8, 1, 64, device="cuda", generator=g).bfloat16()
+    for n in (513, 514, 530, 600, 640, 641, 699):
+        out = attntune.attention(q, k8[:, :, :n], v8[:, :, :n], k_scale=ks, v_scale=vs)
+        p = problem_from_tensors(q.float(), k[:, :, :n], v[:, :, :n])
+        ref = reference_attention(q.double(), fp8.dequantize(k8[:, :, :n], ks).double(),
+                                  fp8.dequantize(v8[:, :, :n], vs).double(), p)
+        torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    assert len(resolves) <= 2, len(resolves)
