@@ -73,6 +73,9 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.fl
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The float32 values ``codes * scale`` (``scale`` ``[Hkv]`` or ``[1]``) — the reference semantics."""
+    if not isinstance(scale, torch.Tensor) or scale.dim() != 1 or scale.numel() not in (1, codes.shape[1]):
+        raise ValueError(f"scale: expected [1] or [Hkv={codes.shape[1]}], got "
+                         f"{tuple(scale.shape) if isinstance(scale, torch.Tensor) else type(scale).__name__}")
     return codes.float() * scale.to(device=codes.device, dtype=torch.float32).view(1, -1, 1, 1)
 
 

@@ -67,11 +67,13 @@ def test_import_rejects_bad_records(tmp_path, monkeypatch):
     doc["records"][0]["variant"] = "rm_rf_variant"
     doc["records"][1]["config"] = {"BLOCK_M": 7}
     doc["records"].append({"garbage": True})
+    doc["records"].append(dict(doc["records"][0], variant="sdpa_math", tflops=float("inf")))  # "Infinity"
     out.write_text(json.dumps(doc))
     dst = tmp_path / "dst.db"
     r = runner.invoke(app, ["import", str(out), "--cache", str(dst)])
     assert r.exit_code == 2  # a problem with the file (the user's to fix), not a bug
-    assert "3 rejected" in r.output and "unknown variant" in r.output and "malformed" in r.output
+    assert "4 rejected" in r.output and "unknown variant" in r.output and "malformed" in r.output
+    assert "tflops: Value error, must be a finite number >= 0" in " ".join(r.output.split())
     assert "every record was rejected" in r.output
     assert CacheStore(dst).count() == 0
     (tmp_path / "notjson.json").write_text("{")

@@ -299,3 +299,11 @@ def test_gpu_an_fp8_decode_loop_reuses_the_family_plan_and_stays_exact(monkeypat
                                   fp8.dequantize(v8[:, :, :n], vs).double(), p)
         torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
     assert len(resolves) <= 2, len(resolves)
+
+
+def test_dequantize_names_a_scale_of_the_wrong_shape():
+    k8 = torch.zeros(1, 3, 4, 8, dtype=torch.float8_e4m3fn)
+    for bad in (torch.ones(2), torch.ones(3, 1), 1.0):
+        with pytest.raises(ValueError, match="scale: expected"):
+            fp8.dequantize(k8, bad)
+    assert fp8.dequantize(k8, torch.ones(3)).shape == (1, 3, 4, 8)

@@ -50,6 +50,15 @@ class WinnerRecord(BaseModel):
             raise ValueError(f"median_ms must be a positive finite time, got {v}")
         return v
 
+    @field_validator("tflops", "tbps", "runner_up_ms", "sdpa_default_ms", "max_error", "rel_error", "spread",
+                     "tuning_seconds")
+    @classmethod
+    def _finite(cls, v: Optional[float]) -> Optional[float]:
+        # an imported "tflops": Infinity was stored and shown as is; a measured figure is finite and >= 0
+        if v is not None and not (v >= 0 and v != float("inf")):
+            raise ValueError(f"must be a finite number >= 0, got {v}")
+        return v
+
     @property
     def key_id(self) -> str:
         return self.key.key_id
