@@ -100,6 +100,12 @@ def _mask_from_lens(kv_lens: torch.Tensor, sq: int, skv: int,
     return build_mask(p, kv_lens.device, kv_lens)
 
 
+def _is_causal(module, kwargs: dict) -> bool:
+    """The call's ``is_causal`` keyword, else the layer's flag (causal by default, as transformers')."""
+    is_causal = kwargs.get("is_causal")
+    return _module_attr(module, "is_causal", True) if is_causal is None else is_causal
+
+
 def _window_mask(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  sliding_window: Optional[int], kwargs: dict):
     """``(key, value, mask)`` for a call that goes to HF's SDPA path without a mask (our mask function
@@ -108,10 +114,7 @@ def _window_mask(module, query: torch.Tensor, key: torch.Tensor, value: torch.Te
     window mask (bool ``[B, 1, Sq, Skv]``). With ``1 < Sq < Skv`` a missing mask means top-left causal to
     transformers (a static cache's unwritten tail): the keys are sliced to ``Sq`` first, as the
     attntune path does. Other calls are returned unchanged (mask None: HF's own ``is_causal``)."""
-    is_causal = kwargs.get("is_causal")
-    if is_causal is None:
-        is_causal = _module_attr(module, "is_causal", True)
-    window = _window_of(module, sliding_window) if is_causal else None
+    window = _window_of(module, sliding_window) if _is_causal(module, kwargs) else None
     if window is None or query.dim() != 4 or key.dim() != 4:
         return key, value, None
     sq, skv = query.shape[2], key.shape[2]
@@ -172,9 +175,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         key, value = _widened(key, value, scales, query.dtype)
         return _hf_sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                           sliding_window=sliding_window, **kwargs)
-    is_causal = kwargs.get("is_causal")
-    if is_causal is None:
-        is_causal = _module_attr(module, "is_causal", True)
+    is_causal = _is_causal(module, kwargs)
     window = None
     if is_causal:
         q_len, kv_len = query.shape[2], key.shape[2]

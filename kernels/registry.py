@@ -108,9 +108,10 @@ def kv_reasons(variant: Variant, problem: AttentionProblem) -> List[str]:
                                                           if variant.kv_dtypes else "") + "q's dtype"]
 
 
-def reasons(variant: Variant, problem: AttentionProblem) -> List[str]:
-    """Everything that keeps ``variant`` from ``problem``: environment, exactness, its own supports()."""
-    out = env_reasons(variant) + kv_reasons(variant, problem) + quirk_reasons(variant, problem)
+def reasons(variant: Variant, problem: AttentionProblem, env: bool = True) -> List[str]:
+    """Everything that keeps ``variant`` from ``problem``: environment (unless ``env`` is False: the safe
+    fallback ignores allow-lists), K/V format, known library bugs, exactness, its own supports()."""
+    out = (env_reasons(variant) if env else []) + kv_reasons(variant, problem) + quirk_reasons(variant, problem)
     if not variant.exact and not problem.approx:
         out.append("approximate; the call did not allow approximation")
     try:

@@ -337,6 +337,10 @@ def resolved_slot(sig, problem: AttentionProblem, device, fam: Optional[tuple] =
 def _validate_empty(q, k, v, kv_lens) -> None:
     """The checks of a call with an empty dimension (it needs no plan, but its inputs must still fit)."""
     validate_qkv(q, k, v, kv_lens)
+    check_head_dim(q)
+
+
+def check_head_dim(q) -> None:
     if q.shape[3] == 0:
         raise ValueError("q: head_dim must be >= 1 (the softmax scale 1/sqrt(head_dim) is undefined)")
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from attntune.fp8 import check_scale_values, check_scales
 from attntune.policies import runtime as _runtime
 from attntune.policies.dispatch import (NO_WINDOW, _check_scalars, _empty, _failed, _family_sig, _put_once,
-                                       check_kv_lens, empty_has_no_plan)
+                                       check_head_dim, check_kv_lens, empty_has_no_plan)
 from attntune.policies.dispatch import _new_slot as new_slot
 from attntune.policies.runtime import SLOTS, Slot
 from attntune.problem import problem_from_tensors, validate_qkv
@@ -131,8 +131,7 @@ def _is_empty(q, k, v) -> bool:
 
 def _check_empty(q, k, v, kv_lens, k_scale, v_scale, causal, scale, approx) -> None:
     _check(q, k, v, kv_lens, k_scale, v_scale, causal, scale, approx)
-    if q.shape[3] == 0:
-        raise ValueError("q: head_dim must be >= 1 (the softmax scale 1/sqrt(head_dim) is undefined)")
+    check_head_dim(q)
 
 
 def _empty_fp8(q, k, v, problem, config, kv_lens, _k_scale=None, _v_scale=None) -> Tensor:

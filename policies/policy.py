@@ -131,14 +131,7 @@ def usable(name: str, config: Optional[dict], problem: AttentionProblem, quarant
 
 
 def _supports(v, problem) -> List[str]:
-    out = [] if v.exact or problem.approx else ["approximate; the call did not allow approximation"]
-    out.extend(registry.kv_reasons(v, problem))
-    out.extend(registry.quirk_reasons(v, problem))
-    try:
-        out.extend(v.supports(problem))
-    except Exception as e:  # noqa: BLE001
-        out.append(f"supports() raised {type(e).__name__}: {e}")
-    return out
+    return registry.reasons(v, problem, env=False)
 
 
 def _make(name: str, config: Optional[dict], source: str, problem: AttentionProblem, key: Optional[TuneKey],
