@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from attntune.autotune import gate
-from attntune.autotune.confirm import CPU_ROUNDS, GPU_ROUNDS, Candidate, confirm
+from attntune.autotune.confirm import CPU_ROUNDS, GPU_ROUNDS, Candidate, busy_share, confirm
 from attntune.autotune.sweep import BASELINE, KeyResult, baseline_config, key_seed
 from attntune.autotune.timing import Timer, TimingOptions, graph_timed, make_call
 from attntune.cache import CacheStore, LayeredCache, WinnerRecord, utcnow
@@ -76,7 +76,8 @@ def _revalidate_one(rec: WinnerRecord, device: torch.device, timing: Optional[Ti
                          seconds=time.time() - t0)
     cpu = device.type == "cpu"
     timer = Timer(device, timing, graphs=graph_timed(problem))
-    win = confirm(cands, timer.round, CPU_ROUNDS if cpu else GPU_ROUNDS, robust_min=cpu)
+    win = confirm(cands, timer.round, CPU_ROUNDS if cpu else GPU_ROUNDS, robust_min=cpu,
+                  contention=lambda: timer.last_contention)
     if win is None:
         return KeyResult(key=rec.key, status="no-winner", reason="nothing could be timed", seconds=time.time() - t0)
     timed = [c for c in cands if c.rounds]
@@ -85,6 +86,7 @@ def _revalidate_one(rec: WinnerRecord, device: torch.device, timing: Optional[Ti
     g = gate.check(registry.get(win.name), win.config, inputs)
     new = WinnerRecord(
         key=rec.key, variant=win.name, config=win.config, median_ms=win.ms, spread=win.noise,
+        busy=busy_share(timed, win, known=timer.contention is not None),
         tflops=problem.flops() / (win.ms * 1e-3) / 1e12, tbps=problem.bytes_moved() / (win.ms * 1e-3) / 1e12,
         runner_up=other.name if other else None, runner_up_config=other.config if other else None,
         runner_up_ms=other.ms if other else None, sdpa_default_ms=base.ms if base else None,

@@ -75,14 +75,15 @@ def _needs_tuning(
     raw: Optional[dict], force: bool, run_start: datetime
 ) -> Tuple[bool, Optional[WinnerRecord], bool]:
     """(tune it?, the valid existing record, must the upsert be forced?). A stale or rejected row is
-    replaced (forced); a valid one is re-tuned when ``force`` and it predates this run, and replaced
-    only by a faster result (not forced: ``--force`` never stores a slower winner over a valid row)."""
+    replaced (forced); a valid one is re-tuned when ``force`` or when it was measured on a busy CPU
+    (``WinnerRecord.measured_busy``: its times are inflated), if it predates this run, and replaced only
+    by a faster result (not forced: ``--force`` never stores a slower winner over a valid row)."""
     if raw is None:
         return True, None, False
     verdict = judge(raw, "user", registry)
     if verdict.status != "valid":
         return True, None, True
-    if force and verdict.record.created_at < run_start:
+    if (force or verdict.record.measured_busy) and verdict.record.created_at < run_start:
         return True, verdict.record, False
     return False, verdict.record, False
 

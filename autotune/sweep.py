@@ -61,7 +61,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
 from attntune.autotune import gate
-from attntune.autotune.confirm import CONFIRM_TOP, CPU_ROUNDS, GPU_ROUNDS, Candidate, confirm
+from attntune.autotune.confirm import CONFIRM_TOP, CPU_ROUNDS, GPU_ROUNDS, Candidate, busy_share, confirm
 from attntune.cache.retry import retry_locked
 from attntune.autotune.space import SearchSpace, config_id
 from attntune.autotune.study import open_study
@@ -222,6 +222,8 @@ class KeyTuner:
         self.best_ms = math.inf
         self.best_variant: Optional[str] = None
         self._dirty = False
+        #: the largest contention of the sweep's CPU measurements (timing.Timer.contention; None: unknown)
+        self._contention: Optional[float] = None
 
     # ---- the study --------------------------------------------------------------------------------
     def run(self) -> KeyResult:
@@ -474,6 +476,9 @@ class KeyTuner:
             ms = timer.full(fn, grads)
         except Exception as e:  # noqa: BLE001
             return self._failure(e)
+        finally:
+            if timer.contention is not None:
+                self._contention = max(self._contention or 0.0, timer.contention)
         if not (ms > 0 and math.isfinite(ms)):
             return Outcome("failed", f"timing returned {ms!r} ms")
         return Outcome(
@@ -517,17 +522,17 @@ class KeyTuner:
             )
         best = ok[0]
         bname, bcfg = space.from_params(best.params)
-        ms, spread, base_ms = float(best.value), None, None
+        ms, spread, base_ms, busy = float(best.value), None, None, self._contention
         confirmed = self._confirm(ok, space, inputs)
         if confirmed is not None:
-            winner, timed = confirmed
+            winner, timed, busy = confirmed
             bname, bcfg, ms, spread = winner.name, winner.config, winner.ms, winner.noise
             best = next((t for t in ok if space.from_params(t.params) == (bname, bcfg)), best)
             base_ms = next((c.ms for c in timed if c.baseline), None)
         runner, runner_ms = self._runner_up(trials, ok, bname)
         rname, rcfg = space.from_params(runner.params) if runner is not None else (None, None)
         if confirmed is not None:  # the runner-up's confirmed time, where it was re-timed too
-            runner_ms = next((c.ms for c in confirmed[1] if (c.name, c.config) == (rname, rcfg)), runner_ms)
+            runner_ms = next((c.ms for c in timed if (c.name, c.config) == (rname, rcfg)), runner_ms)
         if base_ms is None:
             base_ms = self._baseline_ms(ok, space, inputs)
         p = self.problem
@@ -546,6 +551,7 @@ class KeyTuner:
             max_error=best.user_attrs.get("max_error"),
             rel_error=best.user_attrs.get("rel_error"),
             spread=spread,
+            busy=busy,
             fingerprint=software_fingerprint(variant.source_hash(), p.device_type),
             trials=len(measured),
             tuning_seconds=round(spent, 3),
@@ -563,7 +569,8 @@ class KeyTuner:
         )
 
     def _confirm(self, ok: List[FrozenTrial], space: SearchSpace, inputs):
-        """``(winner, timed candidates)`` of the confirmation round (:mod:`attntune.autotune.confirm`):
+        """``(winner, timed candidates, busy)`` of the confirmation round (:mod:`attntune.autotune.confirm`;
+        busy: the contention behind the winner's and the baseline's figures, ``WinnerRecord.busy``):
         the best :data:`CONFIRM_TOP` distinct configs of the sweep and the baseline (when it runs this key
         and passes the gate) re-timed side by side. None when it cannot run (no inputs, nothing timed):
         the sweep's own best then stands."""
@@ -593,12 +600,16 @@ class KeyTuner:
                 timed.append(Candidate(name, cfg, fn, g, baseline=is_base))
             timer = Timer(self.device, self.opt.timing, graphs=graph_timed(self.problem))
             cpu = self.device.type == "cpu"
-            winner = confirm(timed, timer.round, CPU_ROUNDS if cpu else GPU_ROUNDS, robust_min=cpu)
+            winner = confirm(timed, timer.round, CPU_ROUNDS if cpu else GPU_ROUNDS, robust_min=cpu,
+                             contention=lambda: timer.last_contention)
         except Exception:  # noqa: BLE001 — the sweep's ranking still stands
             if self.device.type == "cuda":
                 _free_device_memory(self.device)
             return None
-        return None if winner is None else (winner, [c for c in timed if c.rounds])
+        if winner is None:
+            return None
+        timed = [c for c in timed if c.rounds]
+        return winner, timed, busy_share(timed, winner, known=timer.contention is not None)
 
     @staticmethod
     def _runner_up(trials: List[FrozenTrial], ok: List[FrozenTrial], winner: str):

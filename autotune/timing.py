@@ -7,7 +7,12 @@ the device's work alone. Without it a call whose host launch outlasts the flush 
 slow process, a backward's many launches) is billed for the host's gaps: one chunked-prefill key was
 stored at 75.6 µs and re-timed at 144.4 µs in another process of the same H200 (regret_h200_partial.json).
 CPU: ``time.perf_counter`` around each call, a few warm-up calls, median of
-repeated calls. Both run the call exactly as the runtime does (``variant.run``); the gate has already
+repeated calls — of the undisturbed calls only, where Linux says how long this process's threads waited
+for a CPU (:mod:`attntune.autotune.cpuwait`): a call during which they waited more than
+:data:`WAIT_SHARE` of its wall time holds another process's work and is set aside, and the timer keeps
+calling until it has enough undisturbed ones (within a bounded budget). When the CPU stays too busy for
+that, the measurement is the median of every call and says so (:attr:`Timer.last_contention`): the
+confirmation then counts the contention as noise, and the stored row as measured on a busy CPU. Both run the call exactly as the runtime does (``variant.run``); the gate has already
 run it once, so compilation (Triton JIT) never lands in a measurement.
 
 Early stop: :meth:`Timer.cheap` is a quick first measurement; the sweep drops a config whose cheap time
@@ -30,11 +35,22 @@ from typing import Callable, List, Optional
 
 import torch
 
+from attntune.autotune import cpuwait
 from attntune.kernels.base import Config, Variant
 
 PRUNE_RATIO = 1.5
 #: the CPU timer's default clock (seconds); a module global so that tests can inject a noisy one
 CLOCK = time.perf_counter
+#: seconds this process's threads have waited for a CPU so far, or None (unknown); injectable as CLOCK
+WAITED = cpuwait.total_s
+#: a timed CPU call is disturbed when our threads waited for a CPU longer than this share of its wall
+#: time (and than WAIT_FLOOR_S: waking an intra-op worker on an idle core takes a few µs)
+WAIT_SHARE = 0.05
+WAIT_FLOOR_S = 10e-6
+#: fewer undisturbed calls than this (or than the measurement's minimum) and a measurement is contended
+MIN_CLEAN = 3
+#: how long past its target a CPU measurement keeps calling for undisturbed calls (at least)
+CONTENDED_EXTRA_S = 0.05
 # Larger than any GPU's L2 (H200: 60 MB; MI300X: 256 MB of Infinity Cache).
 L2_FLUSH_BYTES = 256 << 20
 
@@ -139,11 +155,18 @@ class Timer:
     timing (decode keys, :func:`graph_timed`)."""
 
     def __init__(self, device: torch.device, options: Optional[TimingOptions] = None, graphs: bool = False,
-                 clock: Optional[Callable[[], float]] = None):
+                 clock: Optional[Callable[[], float]] = None,
+                 waited: Optional[Callable[[], Optional[float]]] = None):
         self.device = device
         self.opt = options or TimingOptions()
         self.graphs = graphs and device.type == "cuda"
         self.clock = clock or CLOCK  # the CPU path's clock (seconds)
+        self.waited = waited or WAITED  # the CPU path's run-queue delay (seconds so far)
+        #: CPU: the share of the last measurement's wall time our threads waited for a CPU when it had too
+        #: few undisturbed calls (0.0 when it had enough; None when the delay is unknown or not a CPU)
+        self.last_contention: Optional[float] = None
+        #: the largest :attr:`last_contention` of this timer's measurements (None: never known)
+        self.contention: Optional[float] = None
 
     def round(self, fn: Callable[[], None], grad_to_none: list, rounds: int) -> float:
         """One round of a confirmation (:mod:`attntune.autotune.confirm`): a ``1/rounds`` share of a full
@@ -261,13 +284,48 @@ class Timer:
         return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
     def _cpu(self, fn, warmup: int, min_reps: int, max_reps: int, target_s: float) -> float:
-        clock = self.clock
+        """Median ms of the undisturbed calls (module docstring): at least ``min_reps`` of them and until
+        ``max_reps`` calls or ``target_s`` — as many calls as before on a quiet machine. Disturbed calls
+        are retried up to ``2 * max_reps`` calls or :data:`CONTENDED_EXTRA_S` (at least ``target_s``) past
+        the target; short of :data:`MIN_CLEAN` undisturbed calls, the median of all and a contention."""
+        clock, waited = self.clock, self.waited
         for _ in range(warmup):
             fn()
         times: List[float] = []
+        clean: List[float] = []
+        lost = 0.0  # seconds waited for a CPU, over every timed call
+        known = True
         deadline = clock() + target_s
-        while len(times) < max_reps and (len(times) < min_reps or clock() < deadline):
+        give_up = deadline + max(target_s, CONTENDED_EXTRA_S)
+        while True:
+            n, now = len(times), clock()
+            if len(clean) >= min_reps and (n >= max_reps or now >= deadline):
+                break  # enough undisturbed calls: exactly the old rule on a quiet machine
+            if n >= 2 * max_reps or (n >= min_reps and now >= give_up):
+                break  # the CPU stays busy
+            w0 = waited() if known else None
             t0 = clock()
             fn()
-            times.append((clock() - t0) * 1e3)
-        return statistics.median(times)
+            dt = clock() - t0
+            w1 = waited() if known else None
+            times.append(dt * 1e3)
+            if w0 is None or w1 is None:
+                known = False
+                clean.append(dt * 1e3)
+                continue
+            w = max(0.0, w1 - w0)
+            lost += w
+            if w <= max(WAIT_SHARE * dt, WAIT_FLOOR_S):
+                clean.append(dt * 1e3)
+        if not known:
+            self.last_contention = None
+            return statistics.median(times)
+        if len(clean) >= min(MIN_CLEAN, min_reps):
+            self.last_contention = 0.0
+            ms = statistics.median(clean)
+        else:
+            wall = sum(times) / 1e3
+            self.last_contention = round(min(1.0, lost / wall), 6) if wall > 0 else 0.0
+            ms = statistics.median(times)
+        self.contention = max(self.contention or 0.0, self.last_contention)
+        return ms

@@ -142,6 +142,8 @@ def _make(name: str, config: Optional[dict], source: str, problem: AttentionProb
     if rec is not None:
         runner_up, runner_up_ms = rec.runner_up, rec.runner_up_ms
         reasons = list(reasons) + [_timing_note(rec.key)]
+        if rec.measured_busy:
+            reasons.append(busy_note(rec.busy))
         if rec.rel_error is not None and (rec.key.kv_dtype is not None or rec.key.approx):
             what = f"{rec.key.kv_dtype} K/V" if rec.key.kv_dtype is not None else "approximation"
             reasons.append(f"{what}: relative error {rec.rel_error:.2e} against the exact float result, "
@@ -150,6 +152,13 @@ def _make(name: str, config: Optional[dict], source: str, problem: AttentionProb
                 expected_ms=rec.median_ms if rec is not None else None,
                 expected_spread=rec.spread if rec is not None else None, runner_up=runner_up,
                 runner_up_ms=runner_up_ms, reasons=tuple(reasons), impl=v)
+
+
+def busy_note(busy: float) -> str:
+    """What a row measured on a busy CPU means (``WinnerRecord.busy``)."""
+    return (f"measured on a busy CPU: other processes kept the tuner's threads waiting for a CPU "
+            f"{busy * 100:.0f}% of a measurement, so the times are inflated and only a clear win over SDPA's "
+            "choice could be stored; `attntune tune` re-times this key (run it when the machine is quiet)")
 
 
 def _timing_note(key: TuneKey) -> str:

@@ -237,13 +237,14 @@ def test_shipped_cache_opens():
 
 
 def _make_v1(path):
-    """A cache as schema version 1 wrote it (no winners.rel_error, no winners.spread)."""
+    """A cache as schema version 1 wrote it (no winners.rel_error, .spread, .busy)."""
     st = CacheStore(path)
     st.upsert_winner(make_rec(max_error=1e-6))
     st.dispose()
     with sqlite3.connect(path) as c:
         c.execute("ALTER TABLE winners DROP COLUMN rel_error")
         c.execute("ALTER TABLE winners DROP COLUMN spread")
+        c.execute("ALTER TABLE winners DROP COLUMN busy")
         c.execute("UPDATE attntune_meta SET value = '1' WHERE name = 'schema_version'")
 
 
@@ -257,11 +258,11 @@ def test_v1_cache_read_only_and_migrated(tmp_path):
     with sqlite3.connect(tmp_path / "v1.db") as c:
         cols = [r[1] for r in c.execute("PRAGMA table_info(winners)")]
         version = c.execute("SELECT value FROM attntune_meta WHERE name='schema_version'").fetchone()[0]
-    assert "rel_error" in cols and "spread" in cols and version == str(SCHEMA_VERSION)
+    assert "rel_error" in cols and "spread" in cols and "busy" in cols and version == str(SCHEMA_VERSION)
     assert st.count() == 1
-    assert st.upsert_winner(make_rec(ms=0.5, rel_error=0.03))
+    assert st.upsert_winner(make_rec(ms=0.5, rel_error=0.03, busy=0.0))
     [row] = [judge(r, "user") for r in st.raw_winners()]
-    assert row.record.rel_error == 0.03
+    assert row.record.rel_error == 0.03 and row.record.busy == 0.0
 
 
 def _open_when_released(path, barrier, errors):

@@ -16,6 +16,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+#: a row whose ``busy`` share is above this was measured on a busy CPU: shown as such, re-timed by the
+#: next ``attntune tune`` (replaced only by a faster measurement)
+BUSY_RETUNE = 0.05
+
+
 class WinnerRecord(BaseModel):
     """The winner of one key, as stored (and as exported to JSON)."""
 
@@ -38,6 +43,12 @@ class WinnerRecord(BaseModel):
     #: relative noise of ``median_ms`` from the confirmation round (:mod:`attntune.autotune.confirm`);
     #: None for rows tuned before it existed
     spread: Optional[float] = None
+    #: CPU keys: measured on a busy CPU — the largest share of a confirmation round's time that the
+    #: tuner's threads spent waiting for a CPU (other processes held them), over the rounds that had too
+    #: few undisturbed calls (:mod:`attntune.autotune.cpuwait`). 0.0: every round had enough; None: not
+    #: known (GPU keys, no run-queue figures, rows tuned before it existed). A busy row's times are
+    #: inflated; ``attntune tune`` re-times it (:data:`BUSY_RETUNE`).
+    busy: Optional[float] = None
     fingerprint: SoftwareFingerprint
     trials: int = 0
     tuning_seconds: float = 0.0
@@ -58,6 +69,18 @@ class WinnerRecord(BaseModel):
         if v is not None and not (v >= 0 and v != float("inf")):
             raise ValueError(f"must be a finite number >= 0, got {v}")
         return v
+
+    @field_validator("busy")
+    @classmethod
+    def _share(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and not (0.0 <= v <= 1.0):
+            raise ValueError(f"must be a share between 0 and 1, got {v}")
+        return v
+
+    @property
+    def measured_busy(self) -> bool:
+        """Measured on a CPU too busy to time it truly (:attr:`busy` above :data:`BUSY_RETUNE`)."""
+        return self.busy is not None and self.busy > BUSY_RETUNE
 
     @property
     def key_id(self) -> str:
@@ -105,6 +128,7 @@ def row_to_record(row: Dict[str, Any]) -> WinnerRecord:
         max_error=row.get("max_error"),
         rel_error=row.get("rel_error"),
         spread=row.get("spread"),
+        busy=row.get("busy"),
         fingerprint=SoftwareFingerprint.model_validate_json(row["fingerprint_json"]),
         trials=row.get("trials") or 0,
         tuning_seconds=row.get("tuning_seconds") or 0.0,
@@ -146,6 +170,7 @@ def record_to_row(rec: WinnerRecord) -> Dict[str, Any]:
         "max_error": rec.max_error,
         "rel_error": rec.rel_error,
         "spread": rec.spread,
+        "busy": rec.busy,
         "fingerprint_json": rec.fingerprint.model_dump_json(),
         "trials": rec.trials,
         "tuning_seconds": rec.tuning_seconds,

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import DateTime, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 3  # 2: winners.rel_error; 3: winners.spread
+SCHEMA_VERSION = 4  # 2: winners.rel_error; 3: winners.spread; 4: winners.busy
 
 
 class Base(DeclarativeBase):
@@ -42,6 +42,7 @@ class Winner(Base):
     max_error: Mapped[float | None] = mapped_column(Float, nullable=True)
     rel_error: Mapped[float | None] = mapped_column(Float, nullable=True)  # ||out-ref||/||ref||
     spread: Mapped[float | None] = mapped_column(Float, nullable=True)  # relative noise of median_ms
+    busy: Mapped[float | None] = mapped_column(Float, nullable=True)  # share of time waited for a CPU
     fingerprint_json: Mapped[str] = mapped_column(Text)
     trials: Mapped[int] = mapped_column(Integer, default=0)
     tuning_seconds: Mapped[float] = mapped_column(Float, default=0.0)

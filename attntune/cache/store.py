@@ -265,7 +265,7 @@ class CacheStore:
         """Bring an older schema up to SCHEMA_VERSION, one step per version."""
         self._create_tables()  # tables added since (claims, …)
         cols = {c["name"] for c in inspect(self.engine).get_columns("winners")}
-        for since, col in ((2, "rel_error"), (3, "spread")):
+        for since, col in ((2, "rel_error"), (3, "spread"), (4, "busy")):
             if version >= since or col in cols:
                 continue
             try:

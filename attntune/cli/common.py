@@ -198,12 +198,14 @@ def fmt_config(cfg: Optional[Dict[str, Any]]) -> str:
     return " ".join(f"{k}={v}" for k, v in cfg.items())
 
 
-def fmt_ms(ms: Optional[float], spread: Optional[float] = None) -> str:
-    """``12.3µs`` / ``1.234ms``; with ``spread`` (relative noise of the measurement) ``12.3µs ±1.5%``."""
+def fmt_ms(ms: Optional[float], spread: Optional[float] = None, busy: bool = False) -> str:
+    """``12.3µs`` / ``1.234ms``; with ``spread`` (relative noise of the measurement) ``12.3µs ±1.5%``;
+    ``busy`` (measured on a busy CPU, ``WinnerRecord.measured_busy``) adds `` busy CPU``."""
     if ms is None:
         return "-"
     text = f"{ms * 1000:.1f}µs" if ms < 1 else f"{ms:.3f}ms"
-    return text if spread is None else f"{text} ±{spread * 100:.1f}%"
+    text = text if spread is None else f"{text} ±{spread * 100:.1f}%"
+    return text + " busy CPU" if busy else text
 
 
 def more_line(hidden: int, how: str = "use --all / --json to see them") -> str:

@@ -96,7 +96,7 @@ def _show_cells(r) -> List[str]:
     lossy = rec.rel_error is not None and (rec.key.kv_dtype is not None or rec.key.approx)
     return [rec.key.short(), rec.key.device.arch,
             rec.variant + (f" (rel error {rec.rel_error:.1e})" if lossy else ""), fmt_config(rec.config),
-            fmt_ms(rec.median_ms, rec.spread),
+            fmt_ms(rec.median_ms, rec.spread, rec.measured_busy),
             f"{rec.tflops:.1f}" if rec.tflops else "-", f"{sp:.2f}x" if sp else "-", rec.runner_up or "-",
             r.status if r.status == "valid" else
             f"{r.status}{' (used as a hint)' if r.hint else ''}: {'; '.join(r.reasons)}", r.origin]
@@ -232,6 +232,8 @@ def _layer_entry(label: str, url: Optional[str], state: str, reason: Optional[st
     return {"layer": label, "url": url, "state": state, "reason": reason, "readonly": label != "user",
             "rows": None if rows is None else len(rows), **{s: None if rows is None else n[s] for s in STATUSES},
             "hints": None if rows is None else sum(r.hint for r in rows),
+            "busy": None if rows is None else sum(1 for r in rows if r.status == "valid" and r.record is not None
+                                                  and r.record.measured_busy),
             "problems": [f"{r.key_id}: {r.status}: {'; '.join(r.reasons)}" for r in rows or []
                          if r.status != "valid"]}
 
@@ -353,6 +355,11 @@ def doctor(
         console.print(f"[bold]hints[/bold]    {hints} stale rows were tuned under other torch/triton/CUDA versions "
                       "with today's variant sources: dispatch uses them as hints (below exact rows); "
                       "`attntune tune --revalidate` re-times them for this software")
+    busy = sum(c.get("busy") or 0 for c in caches)
+    if busy:  # one info line (WinnerRecord.busy): valid rows whose times another process inflated
+        console.print(f"[bold]busy CPU[/bold] {busy} rows were measured while other processes kept the tuner "
+                      "waiting for a CPU: their times are inflated; `attntune tune` re-times them "
+                      "(run it when the machine is quiet)")
     t = Table(title=f"variants on this device (probes: {', '.join(probes)})")
     for c in ("variant", "family", "exact", *probes):
         t.add_column(c, overflow="fold")

@@ -141,7 +141,7 @@ def _summary(results) -> Table:
         t.add_row(
             r.key.short(),
             rec.variant if rec else "-",
-            fmt_ms(rec.median_ms, rec.spread) if rec else "-",
+            fmt_ms(rec.median_ms, rec.spread, rec.measured_busy) if rec else "-",
             f"{sp:.2f}x" if sp else "-",
             str(r.trials if r.status != "skipped" else (rec.trials if rec else 0)),
             str(r.failed),
@@ -307,6 +307,7 @@ def tune(
         f"{tuned} keys tuned, {sum(r.status == 'skipped' for r in results)} already valid, "
         f"{sum(r.status == 'no-winner' for r in results)} without any passing variant; cache {cache_url}"
     )
+    _say_busy(results, workers if dev.type == "cpu" else 1)
     if from_misses:
         done = [r.key_id for r in results if r.record is not None and r.key_id in set(miss_ids)]
         if done:
@@ -325,6 +326,20 @@ def tune(
     if view.errors:
         raise typer.Exit(1)
     _fail_if_nothing_done(results)
+
+
+def _say_busy(results, workers: int) -> None:
+    """One line when keys tuned now were measured on a busy CPU (``WinnerRecord.measured_busy``)."""
+    busy = [r.record for r in results if r.status == "tuned" and r.record is not None and r.record.measured_busy]
+    if busy:
+        worst = max(rec.busy for rec in busy)
+        ours = f" (--workers {workers} on the CPU: the workers compete for the same cores)" if workers > 1 else ""
+        console.print(
+            f"[yellow]busy CPU[/yellow]: {len(busy)} of the keys tuned now were measured while other processes"
+            f"{ours} kept the tuner waiting for a CPU (up to {worst * 100:.0f}% of a measurement): their times "
+            "are inflated, and only a clear win over SDPA's choice was stored. Run `attntune tune` again when "
+            "the machine is quiet: it re-times them (a faster measurement replaces each)."
+        )
 
 
 def _revalidate(cache_url: str, dev, timing) -> None:
