@@ -27,9 +27,16 @@ description instead of a materialised ``[B, 1, Sq, Skv]`` mask:
 
 Everything else gets transformers' own mask and HF's own SDPA path
 (``transformers.integrations.sdpa_attention.sdpa_attention_forward``, what ``"sdpa"`` runs): padded
-batches, packed sequences, chunked or custom masks, dropout in training, softcapping, sinks, position
-bias, ``output_attentions`` (a call that needs no mask on attntune's side still gets one there when its
-layer has a sliding window: that path applies windows only through masks). Reading whether a 2-D padding mask is all ones needs its values: in eager mode
+batches, packed sequences, chunked or custom masks, dropout in training, position bias (a call that needs
+no mask on attntune's side still gets one there when its layer has a sliding window: that path applies
+windows only through masks). What that path cannot do — logit softcapping (Gemma 2: it raises), attention
+sinks (gpt-oss: it would drop them without a word), ``output_attentions`` (it returns no weights) — goes
+to the model's own eager attention (``eager_attention_forward`` of its modeling module, what
+``"eager"`` runs), with the causal/window mask made explicit and additive, as eager takes it. Models that
+compute attention in their own layers rather than through transformers' attention interface (Bloom, MPT,
+GPT-Neo, XGLM, …: their modeling module never reads ``ALL_ATTENTION_FUNCTIONS``) cannot be served: they
+get transformers' eager masks from :func:`attention_mask` (a described ``None`` would have left them
+without any causal mask) and one warning. Reading whether a 2-D padding mask is all ones needs its values: in eager mode
 that is one read per forward (HF's own SDPA path does the same); under tracing (``torch.compile``) the
 mask is kept unless no padding mask was given at all.
 
@@ -41,7 +48,9 @@ Returns ``(attn_output [B, Sq, Hq, Dv], None)`` as every transformers attention 
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import sys
+import warnings
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -75,9 +84,16 @@ def _module_attr(module, name: str, default):
     return getattr(module, name, default)
 
 
-def _window_of(module: torch.nn.Module, sliding_window: Optional[int]) -> Optional[Tuple[int, int]]:
-    """HF's sliding window ``kv_idx > q_idx - W`` (with causal) is attntune's ``window=(W - 1, 0)``."""
-    sw = sliding_window if sliding_window is not None else _module_attr(module, "sliding_window", None)
+def _window_of(module: torch.nn.Module, sliding_window) -> Optional[Tuple[int, int]]:
+    """HF's sliding window ``kv_idx > q_idx - W`` (with causal) is attntune's ``window=(W - 1, 0)``.
+
+    ``W`` is the call's ``sliding_window`` keyword whenever the layer passes one — None included: that is
+    transformers' contract with backends that apply windows themselves (flash attention), and hybrid
+    models keep ``self.sliding_window`` on their full-attention layers too while passing None there
+    (EXAONE 4: ``sliding_window=self.sliding_window if self.is_sliding else None``; reading the
+    attribute gave those layers a window). Only a layer that passes no keyword at all (``_MISSING``) is
+    read from its ``sliding_window`` attribute."""
+    sw = _module_attr(module, "sliding_window", None) if sliding_window is _MISSING else sliding_window
     return (int(sw) - 1, 0) if sw is not None and sw > 0 else None
 
 
@@ -107,15 +123,18 @@ def _is_causal(module, kwargs: dict) -> bool:
 
 
 def _window_mask(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 sliding_window: Optional[int], kwargs: dict):
+                 sliding_window, kwargs: dict, explicit: bool = False):
     """``(key, value, mask)`` for a call that goes to HF's SDPA path without a mask (our mask function
     described it as None). That path applies a sliding window only through a mask — with none it runs
     plain causal attention, the window lost — so a causal layer with a window gets attntune's own causal +
     window mask (bool ``[B, 1, Sq, Skv]``). With ``1 < Sq < Skv`` a missing mask means top-left causal to
     transformers (a static cache's unwritten tail): the keys are sliced to ``Sq`` first, as the
-    attntune path does. Other calls are returned unchanged (mask None: HF's own ``is_causal``)."""
-    window = _window_of(module, sliding_window) if _is_causal(module, kwargs) else None
-    if window is None or query.dim() != 4 or key.dim() != 4:
+    attntune path does. Other calls are returned unchanged (mask None: HF's own ``is_causal``) — unless
+    ``explicit`` (for eager attention, which knows no ``is_causal``): then a causal layer always gets its
+    mask."""
+    causal = _is_causal(module, kwargs)
+    window = _window_of(module, sliding_window) if causal else None
+    if not (window is not None or (explicit and causal)) or query.dim() != 4 or key.dim() != 4:
         return key, value, None
     sq, skv = query.shape[2], key.shape[2]
     if 1 < sq < skv:
@@ -143,13 +162,39 @@ def _widened(key: torch.Tensor, value: torch.Tensor, scales, dtype: torch.dtype)
     return dequantize(key, scales[0]).to(dtype), dequantize(value, scales[1]).to(dtype)
 
 
+_EAGER: Dict[type, object] = {}
+
+
+def _eager_of(module: torch.nn.Module):
+    """The layer's own eager attention function — ``eager_attention_forward`` of its modeling module,
+    what ``attn_implementation="eager"`` runs (softcapping and sinks included) — or None."""
+    cls = type(module)
+    fn = _EAGER.get(cls, _MISSING)
+    if fn is _MISSING:
+        mod = sys.modules.get(cls.__module__)
+        fn = getattr(mod, "eager_attention_forward", None) if mod is not None else None
+        _EAGER[cls] = fn = fn if callable(fn) else None
+    return fn
+
+
+def _additive(mask: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """A boolean mask (True = attend: SDPA's format, which our mask function and :func:`_mask_from_lens`
+    give) as the additive float mask eager attention adds to its scores (0 or the dtype's minimum, as
+    transformers' ``eager_mask``)."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(mask, zero, torch.full((), torch.finfo(dtype).min, dtype=dtype, device=mask.device))
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
-                      sliding_window: Optional[int] = None, **kwargs) -> Tuple[torch.Tensor, None]:
+                      sliding_window=_MISSING, **kwargs) -> Tuple[torch.Tensor, None]:
     """transformers' attention-function signature: query ``[B, Hq, Sq, D]``, key/value ``[B, Hkv, Skv, D]``
     → ``([B, Sq, Hq, Dv], None)``. ``attention_mask`` is None, a ``kv_lens`` tensor ``[B]`` from
     :func:`attention_mask`, or a materialised mask (see the module docstring for which calls attntune
-    serves)."""
+    serves). ``sliding_window``: the layer's window when it passes one (None: no window), else read from
+    the layer (:func:`_window_of`)."""
     global _API_ATTENTION
     if _API_ATTENTION is None:
         from attntune.api import attention  # the API layer: it also hands the runtime its online tuner
@@ -162,19 +207,29 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if scales is not None and query.dtype not in (torch.float16, torch.bfloat16):
         key, value = _widened(key, value, scales, query.dtype)
         scales = None
-    unsupported = (dropout != 0.0 or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None
-                   or kwargs.get("position_bias") is not None or kwargs.get("output_attentions", False)
+    # what HF's SDPA path cannot run exactly: softcapping (it raises), sinks (it ignores them),
+    # output_attentions (it returns no weights) — the model's eager attention can
+    special = (kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None
+               or bool(kwargs.get("output_attentions", False)))
+    eager = _eager_of(module) if special else None
+    unsupported = (special or dropout != 0.0 or kwargs.get("position_bias") is not None
                    or query.dim() != 4 or key.dim() != 4)
-    if unsupported and kv_lens is not None:  # HF's path takes masks, not lengths
+    if unsupported and kv_lens is not None:  # HF's paths take masks, not lengths
         attention_mask = _mask_from_lens(kv_lens, query.shape[2], key.shape[2],
                                          _window_of(module, sliding_window))
         kv_lens = None
     elif unsupported and attention_mask is None:
-        key, value, attention_mask = _window_mask(module, query, key, value, sliding_window, kwargs)
+        key, value, attention_mask = _window_mask(module, query, key, value, sliding_window, kwargs,
+                                                  explicit=eager is not None)
+    if sliding_window is not _MISSING:  # HF's paths take it (and ignore it: windows come in masks)
+        kwargs["sliding_window"] = sliding_window
     if (attention_mask is not None and kv_lens is None) or unsupported:
         key, value = _widened(key, value, scales, query.dtype)
+        if eager is not None:
+            return eager(module, query, key, value, _additive(attention_mask, query.dtype), dropout=dropout,
+                         scaling=scaling, **kwargs)
         return _hf_sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                          sliding_window=sliding_window, **kwargs)
+                          **kwargs)
     is_causal = _is_causal(module, kwargs)
     window = None
     if is_causal:
@@ -188,7 +243,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         key, value = _widened(key, value, scales, query.dtype)
         return _hf_sdpa()(module, query, key, value,
                           _mask_from_lens(kv_lens, query.shape[2], key.shape[2], None), dropout=dropout,
-                          scaling=scaling, sliding_window=sliding_window, **kwargs)
+                          scaling=scaling, **kwargs)
     k_scale, v_scale = scales if scales is not None else (None, None)
     out = _API_ATTENTION(query, key, value, causal=bool(is_causal), window=window, scale=scaling,
                          kv_lens=kv_lens, k_scale=k_scale, v_scale=v_scale)
@@ -280,8 +335,13 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     """transformers' mask-interface signature (``sdpa_mask``'s): None or a ``kv_lens`` tensor where the
     mask is one of the plain causal patterns without padding (module docstring), else exactly
     ``sdpa_mask``'s mask."""
-    from transformers.masking_utils import sdpa_mask
+    from transformers.masking_utils import eager_mask, sdpa_mask
 
+    config = kwargs.get("config")
+    if config is not None and _own_attention(config):
+        return eager_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                          kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                          local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
     pattern = mask_pattern(mask_function) if mask_function is not None else None
     if pattern is not None and isinstance(kv_offset, int):
         out = _described(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
@@ -291,6 +351,38 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                      local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+_OWN: Dict[str, bool] = {}
+
+
+def _own_attention(config) -> bool:
+    """Whether the model of ``config`` computes attention in its own layers, never through transformers'
+    attention interface (its modeling module does not read ``ALL_ATTENTION_FUNCTIONS``: Bloom, MPT,
+    GPT-Neo, XGLM, …): attntune cannot serve it, and it takes the masks it gets as they are. Warns once
+    per model type. Unknown model types (custom code) count as served."""
+    model_type = getattr(config, "model_type", None)
+    if not isinstance(model_type, str):
+        return False
+    own = _OWN.get(model_type)
+    if own is None:
+        own = False
+        try:
+            import transformers
+            from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+            name = MODEL_MAPPING_NAMES.get(model_type)
+            cls = getattr(transformers, name, None) if isinstance(name, str) else None
+            mod = sys.modules.get(cls.__module__) if cls is not None else None
+            own = mod is not None and "ALL_ATTENTION_FUNCTIONS" not in vars(mod)
+        except Exception:  # noqa: BLE001 — a transformers without these tables: assume served
+            own = False
+        _OWN[model_type] = own
+        if own:
+            warnings.warn(f"attntune: {model_type} models compute attention in their own layers, not through "
+                          f"transformers' attention interface: attn_implementation='attntune' cannot serve them "
+                          f"(they run their own eager attention, with eager masks)", stacklevel=3)
+    return own
 
 
 def _tracing(t) -> bool:

@@ -340,7 +340,7 @@ def test_gpu_generate_bf16_served_by_decode_kernel(cache):
 
 
 def test_module_attr_reads_instance_class_and_property_and_defaults_on_a_miss():
-    from attntune.hf import _module_attr, _window_of
+    from attntune.hf import _MISSING, _module_attr, _window_of
 
     class Attn(torch.nn.Module):
         is_causal = False  # class attribute
@@ -358,6 +358,7 @@ def test_module_attr_reads_instance_class_and_property_and_defaults_on_a_miss():
     assert _module_attr(m, "is_causal", True) is False
     assert _module_attr(m, "scaling", None) == 0.5
     assert _module_attr(m, "absent", "dflt") == "dflt"
-    assert _window_of(m, None) == (4095, 0)
-    assert _window_of(torch.nn.Linear(2, 2), None) is None  # a module without the attribute: no window
+    assert _window_of(m, _MISSING) == (4095, 0)  # no keyword passed: the layer's attribute
+    assert _window_of(torch.nn.Linear(2, 2), _MISSING) is None  # a module without the attribute: no window
     assert _window_of(m, 8) == (7, 0)  # transformers' argument wins over the module's attribute
+    assert _window_of(m, None) is None  # ... None included (a hybrid model's full-attention layer)
