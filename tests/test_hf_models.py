@@ -128,3 +128,27 @@ def test_output_attentions_returns_the_eager_weights():
         torch.testing.assert_close(wa, wr, atol=1e-6, rtol=1e-5)
     assert float(a.attentions[0][0, 0, -1, : SEQ - WINDOW].abs().max()) == 0.0  # outside the window
     torch.testing.assert_close(a.logits, r.logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type,reference", [("exaone4", "sdpa"), ("gemma2", "eager"), ("gpt_oss", "eager")])
+def test_gpu_bf16_logits_as_close_to_float32_as_the_models_own_backend(model_type, reference):
+    """On a GPU in bf16 (head dim 64, a window of 5 over 21 tokens, so attntune's own kernels serve the
+    hybrid model's layers): each model's logits through attntune are as close to a float32 run of its own
+    backend as that backend's bf16 logits are."""
+    cfg = _config(model_type, hidden_size=256, head_dim=64, attn_logit_softcapping=5.0)
+    torch.manual_seed(0)
+    full = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=reference)
+    full = full.cuda().eval()
+    models = {}
+    for impl in ("attntune", reference):
+        m = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
+        m.load_state_dict(full.state_dict())
+        models[impl] = m.to(device="cuda", dtype=torch.bfloat16).eval()
+    ids = _ids(batch=3, seq=21).cuda()
+    with torch.no_grad():
+        ref = full(ids).logits.float()
+        ours = models["attntune"](ids).logits.float()
+        theirs = models[reference](ids).logits.float()
+    err_ours, err_theirs = (ours - ref).abs().max().item(), (theirs - ref).abs().max().item()
+    assert err_ours <= 2 * err_theirs + 1e-2, (err_ours, err_theirs)
