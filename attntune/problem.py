@@ -355,6 +355,9 @@ def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested:  # ragged lengths: no one [B, H, S, D] shape to plan for (torch's SDPA takes them)
+            raise ValueError(f"{name}: nested tensors are not supported; pad to [B, H, S, D] (kv_lens gives "
+                             "each sequence's key length) or call torch's scaled_dot_product_attention")
         if t.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D tensor [B, H, S, D], got shape {tuple(t.shape)}")
     if fp8:

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
+import torch.autograd.forward_ad as _fwad
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -56,6 +57,7 @@ _torch_sdpa = F.scaled_dot_product_attention
 _get = SLOTS.get
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
+_any_autocast = torch._C._is_any_autocast_enabled
 
 #: window sides passed to the custom op when there is no window (the op's ints cannot be None)
 NO_WINDOW = -2
@@ -95,11 +97,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
       a call without scales never gets an FP8 kernel, and FP8 ``k``/``v`` without scales are refused.
 
     Rows that admit no key return zeros. Invalid inputs raise ``ValueError`` naming the argument.
+    Under ``torch.autocast`` the call runs in the autocast dtype, as torch's SDPA does (float64 excepted).
     """
     if window is not None:
         window = validate_window(window)
     if k_scale is not None or v_scale is not None:  # FP8 K/V: off the common path (attntune.policies.fp8)
         return _runtime.FP8_ATTENTION(q, k, v, k_scale, v_scale, causal, window, scale, kv_lens, approx)
+    if _any_autocast():
+        dt = _autocast_dtype(q)
+        if dt is not None:  # as torch's autocast runs SDPA: inputs cast, autocast off inside
+            with torch.autocast(q.device.type, enabled=False):
+                return attention(_autocast_cast(q, dt), _autocast_cast(k, dt), _autocast_cast(v, dt), causal=causal,
+                                 window=window, scale=scale, kv_lens=kv_lens, approx=approx)
     if _is_compiling():
         _check_scalars(causal, scale, approx)  # Python values at trace time: refused as in eager mode
         return _compiled(q, k, v, kv_lens, causal, False, window, scale, approx)
@@ -109,8 +118,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                causal, window, scale, approx, grad,
                None if kv_lens is None else (kv_lens.shape, kv_lens.dtype, kv_lens.device), _numerics(q))
         slot = _get(sig)
-    except (AttributeError, TypeError):  # not tensors / unhashable arguments: say which one
-        validate_qkv(q, k, v, kv_lens)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, nested tensors (their sizes raise),
+        validate_qkv(q, k, v, kv_lens)                # unhashable arguments: say which one
         _check_scalars(causal, scale, approx)
         raise
     if slot is None:
@@ -141,6 +150,12 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         if not _is_compiling():
             _COUNTS["passthrough"] += 1
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    if _any_autocast():
+        dt = _autocast_dtype(query)
+        if dt is not None:  # torch's autocast semantics, applied before the plan (see attention())
+            with torch.autocast(query.device.type, enabled=False):
+                return scaled_dot_product_attention(_autocast_cast(query, dt), _autocast_cast(key, dt),
+                                                    _autocast_cast(value, dt), None, 0.0, is_causal, scale, enable_gqa)
     if _is_compiling():
         if not _dropin_ok(query, key, value, enable_gqa):
             return _torch_sdpa(query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -207,6 +222,24 @@ def _numerics(q) -> Optional[bool]:
 
 def _finite_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _autocast_dtype(q) -> Optional[torch.dtype]:
+    """The dtype torch's autocast runs SDPA in for ``q``'s device, or None where autocast is off there.
+
+    SDPA is one of autocast's lower-precision ops: torch casts its floating inputs (float64 excepted) to the
+    autocast dtype and runs it with autocast off. attntune does the same before it builds a signature, so
+    that the plan is the one of what actually runs (a float32 plan would run bfloat16 math through SDPA,
+    and a variant that upcasts would have its matmuls cast back down), and so that a compiled call — the
+    custom op, which autocast does not see — returns torch's dtype, as an eager one does."""
+    if not isinstance(q, Tensor) or q.device.type not in ("cpu", "cuda") or not torch.is_autocast_enabled(
+            q.device.type):
+        return None
+    return torch.get_autocast_dtype(q.device.type)
+
+
+def _autocast_cast(t, dtype: torch.dtype):
+    return t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
 
 
 def _check_scalars(causal, scale, approx=None) -> None:
@@ -367,6 +400,8 @@ def _empty(q, k, v, _problem, _config, _kv_lens) -> Tensor:
 
 
 def _attention_slot(sig, q, k, v, kv_lens, causal, window, scale, approx, grad) -> Slot:
+    if any(isinstance(t, Tensor) and t.is_nested for t in (q, k, v)):
+        validate_qkv(q, k, v, kv_lens)  # refuses them, naming the argument (their ragged sizes are symbolic)
     if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor) and (
             0 in q.shape or 0 in k.shape or 0 in v.shape):
         _validate_empty(q, k, v, kv_lens)
@@ -425,6 +460,8 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, *scales) -> Ten
     rt = _runtime.get()
     # a family-generic slot's problem is its family's first shape: the fallback needs this call's
     problem = slot.problem.resized(q.shape[0], q.shape[2], k.shape[2]) if slot.generic else slot.problem
+    if _in_transform():
+        return _failed_in_transform(plan, problem, error, q, k, v, kv_lens, scales)
     if isinstance(error, (ValueError, TypeError)):
         # Possibly about the arguments (values the signature cannot see), not the variant: the safe
         # fallback decides. If it refuses them too, the caller gets the error and nothing is quarantined.
@@ -445,6 +482,32 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, *scales) -> Ten
         return new.fn(q, k, v, new.problem, new.config, kv_lens, *scales)
     except Exception as e2:
         raise e2 from error
+
+
+def _in_transform() -> bool:
+    """True inside a torch.func transform (vmap, grad, jvp, jacrev, ...) or a forward-mode AD level."""
+    return torch._C._functorch.peek_interpreter_stack() is not None or _fwad._current_level >= 0
+
+
+def _failed_in_transform(plan: Plan, problem, error: Exception, q, k, v, kv_lens, scales) -> Tensor:
+    """A planned call that raised under a torch.func transform or forward-mode AD. Such a failure is the
+    transform's (torch's CPU flash kernel has no forward-AD formula; the mask builder writes in place and
+    cannot take a vmapped ``kv_lens``), not the variant's: quarantining it would send every later plain call
+    of the process to the fallback. This call alone is served by the safe fallback without the failed
+    variant; nothing is quarantined. If that fails too, the error says what is unsupported."""
+    rt = _runtime.get()
+    fb = fallback_plan(problem, plan.key, [], rt.quarantine | {(plan.variant, plan.config_json)})
+    try:
+        return fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens, *scales)
+    except Exception as e2:  # noqa: BLE001
+        hint = ""
+        if kv_lens is not None and torch._C._functorch.is_batchedtensor(kv_lens):
+            hint = ("kv_lens: batched by vmap together with a causal mask or a window is not supported (the "
+                    "mask's per-sequence diagonal is written in place, which vmap cannot batch); pass kv_lens "
+                    "unbatched (in_dims=None) or loop over that dimension. ")
+        raise NotImplementedError(
+            f"{hint}attntune.attention under a torch.func transform or forward-mode AD: {plan.variant} raised "
+            f"{type(error).__name__}: {error}; the fallback {fb.variant} raised {type(e2).__name__}: {e2}") from error
 
 
 def _sampled(sig, slot: Slot, q, k, v, kv_lens) -> Tensor:
