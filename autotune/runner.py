@@ -341,7 +341,9 @@ def stop_signals_as_interrupt() -> Dict[int, Any]:
 
 
 def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
-    """Body of a spawned worker process. Everything crosses the process boundary as JSON."""
+    """Body of a spawned worker process. Everything crosses the process boundary as JSON. It starts with
+    Ctrl-C and SIGTERM blocked (:func:`_start_blocked`); one sent meanwhile is delivered once the handlers
+    below are in place, and stops the worker as an interrupt."""
     stop_signals_as_interrupt()  # the parent's terminate() then releases this worker's claim
     problems = [AttentionProblem.model_validate_json(s) for s in payload["problems"]]
     opts = SweepOptions(
@@ -357,6 +359,8 @@ def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
         q.put({**ev, "worker": worker})
 
     try:
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         res = run_worker(
             problems,
             cache=payload["cache"],
@@ -377,6 +381,8 @@ def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
                 "interrupted": True,
             }
         )
+    except KeyboardInterrupt:  # stopped before run_worker's own handling began: nothing claimed yet
+        q.put({"type": "results", "worker": worker, "results": [], "interrupted": True})
     except BaseException as e:  # noqa: BLE001 — report, then die with a non-zero code
         q.put(
             {
@@ -390,6 +396,26 @@ def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
         raise SystemExit(1)
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _start_blocked(p) -> None:
+    """Start worker process ``p`` with Ctrl-C and SIGTERM blocked: a child inherits the signal mask of
+    the thread that starts it. A worker takes seconds to import torch before :func:`_worker_entry` can
+    install its handlers; Ctrl-C (it reaches the whole terminal's process group) or the SIGINT that
+    ``tune`` passes on for SIGTERM arriving meanwhile killed it with a KeyboardInterrupt traceback from
+    multiprocessing's bootstrap, and the parent reported "worker N died". Blocked, the signal waits
+    until the worker unblocks it, and then stops it as an interrupt."""
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
+        p.start()
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _run_processes(
     problems, assignments: List[Optional[str]], base: Dict[str, Any], emit: Event
 ) -> List[KeyResult]:
@@ -399,19 +425,6 @@ def _run_processes(
     q = ctx.Queue()
     procs = []
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    try:
-        for i, gpu in enumerate(assignments):
-            # The child reads its environment at start: set its GPU before start(), restore after.
-            if gpu is not None:
-                os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-            p = ctx.Process(target=_worker_entry, args=(base, i, q), name=f"attntune-tune-{i}")
-            p.start()
-            procs.append(p)
-    finally:
-        if saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
     results: Dict[str, KeyResult] = {}
     errors: List[str] = []
     reported = set()
@@ -439,6 +452,20 @@ def _run_processes(
             emit(ev)
 
     try:
+        # Started inside the try: a Ctrl-C while the workers start still stops the ones started.
+        try:
+            for i, gpu in enumerate(assignments):
+                # The child reads its environment at start: set its GPU before start(), restore after.
+                if gpu is not None:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+                p = ctx.Process(target=_worker_entry, args=(base, i, q), name=f"attntune-tune-{i}")
+                _start_blocked(p)
+                procs.append(p)
+        finally:
+            if saved is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
         while any(p.is_alive() for p in procs) or not q.empty():
             drain(0.2)
     except KeyboardInterrupt:

@@ -80,6 +80,14 @@ def _sqlite_wal(path: str) -> None:
     con = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
     try:
         con.execute("PRAGMA journal_mode=WAL")
+        # A file whose header is intact but whose pages are damaged opens fine and fails only when a
+        # study is written: every key then ended "error: StorageInternalError ... e.g. exceeding max
+        # length", naming neither the file nor the fix. Checked here, it is open_storage's one line.
+        found = [r[0] for r in con.execute("PRAGMA quick_check(1)")]
+        if found != ["ok"]:
+            detail = str(found[0]).replace("*** in database main ***", "").strip().splitlines() if found else []
+            raise sqlite3.DatabaseError("database disk image is malformed"
+                                        + (f" ({detail[0]})" if detail else ""))
     finally:
         con.close()
 

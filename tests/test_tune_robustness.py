@@ -1,0 +1,84 @@
+"""``attntune tune`` against damaged neighbours and stop signals: a damaged optuna storage is one line
+naming it (not an opaque error on every key); a worker process stopped while it is still starting up
+reports an interrupt (no traceback, no "worker died")."""
+
+from __future__ import annotations
+
+import multiprocessing.context
+import os
+import signal
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from attntune.autotune.runner import Interrupted, run_tuning
+from attntune.autotune.timing import TimingOptions
+from attntune.cache import CacheStore
+from attntune.cli import app
+from attntune.problem import AttentionProblem
+
+runner = CliRunner()
+TUNE = ["tune", "--device", "cpu", "--quick", "--trials", "1", "--refine", "0"]
+
+
+@pytest.fixture(autouse=True)
+def _cpu_torch_variants(monkeypatch):
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "sdpa_default,sdpa_math")
+
+
+def prob(sq: int) -> AttentionProblem:
+    return AttentionProblem(batch=1, heads_q=2, heads_kv=2, seqlen_q=sq, seqlen_kv=sq, head_dim=16, head_dim_v=16,
+                            dtype="float32", device_type="cpu")
+
+
+def test_an_optuna_storage_with_damaged_pages_is_one_line_naming_it(tmp_path):
+    cache = str(tmp_path / "c.db")
+    res = runner.invoke(app, [*TUNE, "--shape", "b=1,hq=2,sq=32,d=16", "--cache", cache])
+    assert res.exit_code == 0, res.output
+    optuna_db = tmp_path / "optuna.db"
+    con = sqlite3.connect(optuna_db)  # the trials into the main file, where the damage goes
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'trial_user_attributes'").fetchone()[0]
+    page = con.execute("PRAGMA page_size").fetchone()[0]
+    con.close()
+    # the header page stays intact (the file opens and reads), one table written by every trial is damaged
+    data = bytearray(optuna_db.read_bytes())
+    start = (root - 1) * page
+    data[start:start + page] = bytes((i * 37 + 11) % 256 for i in range(page))
+    optuna_db.write_bytes(bytes(data))
+
+    res = runner.invoke(app, [*TUNE, "--shape", "b=1,hq=2,sq=48,d=16", "--cache", cache])
+    # before: every key "error: StorageInternalError: ... e.g. exceeding max length", exit 1
+    assert res.exit_code == 2, res.output
+    assert "optuna storage" in res.output and "optuna.db" in res.output
+    assert "malformed" in res.output and "--storage memory" in res.output
+    assert "StorageInternalError" not in res.output
+
+
+def test_a_worker_stopped_while_starting_reports_an_interrupt(tmp_path, monkeypatch, capfd):
+    """Ctrl-C reaches every process of the terminal's group, and ``tune`` passes SIGTERM on to its
+    workers as SIGINT: a worker still importing torch printed a KeyboardInterrupt traceback from
+    multiprocessing's bootstrap (or died at once) and the parent said "worker N died". Forced here: each
+    worker gets SIGINT the moment it is started, long before its own handlers exist."""
+    real_start = multiprocessing.context.SpawnProcess.start
+
+    def start_then_interrupt(self):
+        real_start(self)
+        os.kill(self.pid, signal.SIGINT)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_then_interrupt)
+    cache = str(tmp_path / "c.db")
+    events = []
+    with pytest.raises(Interrupted):
+        run_tuning([prob(32), prob(48)], cache=cache, workers=2, timing=TimingOptions.quick(), refine=0,
+                   trials=1, on_event=events.append)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert not [ev for ev in events if ev["type"] == "worker_errors"]
+    store = CacheStore(cache)  # nothing claimed is left live; the cache is usable
+    from attntune.cache.schema import Claim
+
+    with store.session() as s:
+        assert not s.query(Claim).filter(Claim.done == 0).all()
+    store.dispose()
