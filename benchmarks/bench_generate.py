@@ -34,7 +34,9 @@ Sections of the JSON (``--out``, rewritten after every case so that a timeout st
 * ``serving`` -- a raw decode loop (B=2, 32/8 heads, D=64): per step 8 attention calls over the first L
   keys of a KV buffer, L one longer every step (each timed step sees a KV length never seen before), eager
   attntune (causal and not) vs eager SDPA; and under CUDA graphs with ``kv_lens`` (SDPA: a boolean mask).
-* ``new_length`` -- host time of the first call at a never-seen KV length minus that of an immediate repeat.
+* ``new_length`` -- host time of the first call at a never-seen KV length minus that of a call at the length
+  seen just before, both after a sync (``extra_us_*``; a generate step's first call follows a sync), and minus
+  an immediate back-to-back repeat (``extra_back_to_back_us_*``, the first version's figure).
 * ``summary`` -- ratios attntune / SDPA (> 1 = attntune faster).
 
 Without CUDA (or with ``--smoke``) everything runs a tiny float32 configuration on the CPU (the test).
@@ -846,10 +848,22 @@ def run_new_length(args, device, dtype):
     def sdpa(kk, vv):
         return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
 
+    def timed(fn, kk, vv):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn(kk, vv)
+        return (time.perf_counter() - t0) * 1e6
+
     def pairs(fn, lengths):
-        first, again = [], []
+        # Per length: (1) a call at the previous, already seen length, after a sync; (2) the first call at the
+        # new length, after a sync; (3) an immediate repeat of (2). The first call of a generate step comes
+        # after a sync (the step's stopping check), so (2) - (1) is what a new length adds to a step: both
+        # start with an idle queue. (2) - (3) mixes in the cost of that idle start (the back-to-back repeat
+        # queues behind a running kernel), the figure of the first version of this benchmark.
+        first, again, seen = [], [], []
         for L in lengths:
             kk, vv = k[:, :, :L], v[:, :, :L]
+            seen.append(timed(fn, k[:, :, :L - 1], v[:, :, :L - 1]))
             _sync(device)
             t0 = time.perf_counter()
             fn(kk, vv)
@@ -859,16 +873,18 @@ def run_new_length(args, device, dtype):
             _sync(device)
             first.append((t1 - t0) * 1e6)
             again.append((t2 - t1) * 1e6)
-        extra = [a - b for a, b in zip(first, again)]
+        extra = [a - b for a, b in zip(first, seen)]
+        b2b = [a - b for a, b in zip(first, again)]
         return {"extra_us_median": _median(extra), "extra_us_p90": _pct(extra, 90),
-                "first_us_median": _median(first), "repeat_us_median": _median(again),
-                "lengths": [lengths[0], lengths[-1]]}
+                "extra_back_to_back_us_median": _median(b2b), "extra_back_to_back_us_p90": _pct(b2b, 90),
+                "first_us_median": _median(first), "seen_after_sync_us_median": _median(seen),
+                "repeat_us_median": _median(again), "lengths": [lengths[0], lengths[-1]]}
 
     res = {"batch": B, "heads_q": Hq, "heads_kv": Hkv, "head_dim": D, "count": n}
     # each impl gets its own never-seen range (attntune may call SDPA underneath with its lengths)
     for name, fn, lo in (("attntune", att, base), ("sdpa", sdpa, base + n)):
         try:
-            pairs(fn, list(range(base - 16, base - 8)) if name == "attntune" else list(range(base - 8, base)))
+            pairs(fn, list(range(lo - 8, lo)))  # warm-up, ending at the length before the first timed one
             res[name] = pairs(fn, list(range(lo, lo + n)))
         except Exception as e:  # noqa: BLE001
             res[name] = {"error": _err(e)}

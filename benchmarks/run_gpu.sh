@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 W=$(mktemp -d)
 STAGES=${STAGES:-"tests tune suite flash decode dispatch e2e"}
 TUNE_SUITE=${TUNE_SUITE:-default}
-TUNE_ARGS=${TUNE_ARGS:-}          # e.g. "--trials 8 --time-limit 200" when device time is short
+TUNE_ARGS=${TUNE_ARGS:-}          # TUNE_BASE: a cache to start from; e.g. "--trials 8 --time-limit 200" when device time is short
 T_TESTS=${T_TESTS:-900}; T_SUITE=${T_SUITE:-900}; T_E2E=${T_E2E:-600}; T_BENCH=${T_BENCH:-600}
 export PYTHONUNBUFFERED=1
 log() { echo "[run_gpu $(date +%H:%M:%S)] $*"; }
@@ -26,6 +26,8 @@ for st in $STAGES; do
     tests)    XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
               ATTNTUNE_TEST_TIMES="$W/test_times.txt" timeout $T_TESTS python3 -m pytest -q -m gpu $XDIST ${TEST_PATHS:-tests} ${TEST_ARGS:-} -p no:cacheprovider > "$W/gpu_tests.log" 2>&1; grep -E "^(FAILED|ERROR)" "$W/gpu_tests.log" | head -30; sort -rn "$W/test_times.txt" 2>/dev/null | head -${DURATION_LINES:-0}; tail -3 "$W/gpu_tests.log" ;;
     tune)     rm -f "$W/cache.db" "$W/optuna.db"
+              # TUNE_BASE=cache.db: tune on top of the shipped cache (another GPU's rows kept, its own added)
+              [ -n "${TUNE_BASE:-}" ] && cp "$TUNE_BASE" "$W/cache.db"
               t1=$(date +%s)
               timeout 1800 attntune tune --suite "$TUNE_SUITE" --cache "$W/cache.db" \
                   --storage "sqlite:///$W/optuna.db" $TUNE_ARGS > "$W/tune.log" 2>&1
