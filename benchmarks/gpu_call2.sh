@@ -1,31 +1,25 @@
 #!/usr/bin/env bash
-# Landing the split-D / V_T flash series on the H200: the whole GPU suite; only if it passes, re-tune the
-# rows it stales on top of the shipped cache (default + fp8 suites, no --force: stale and missing keys only,
-# resumable through $OUT/optuna.db); then the flash bench cases the series adds, in what time is left.
-# Everything under $OUT: gpu_tests.log, tune_*.log, cache.db, optuna.db, flash.json/log.
+# One device call after the whole suite ran (gpu_call1.sh): the edge-call GPU tests, then per card —
+# H200 (the shipped cache's rows): bench_generate, resident protocol; any other card (an H100): tune the
+# default suite on top of cache.db (its rows added next to the H200's), then a generate subset with them.
+# Everything under $OUT: tests.log, tune.log, cache.db, generate.json/log, environment.json.
 set -u
-T0=$(date +%s); left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - T0) )); }
-nvidia-smi --query-gpu=name --format=csv,noheader
+T0=$(date +%s); left() { echo $(( ${BUDGET_S:-540} - ($(date +%s) - T0) )); }
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
 python3 - <<'PY' > "$OUT/environment.json"
 import json, sys; sys.path.insert(0, "benchmarks")
 from env import environment; print(json.dumps(environment(), indent=1))
 PY
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout ${T_TESTS:-200} python3 -m pytest -q -m gpu -n 16 tests -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20; tail -2 "$OUT/gpu_tests.log"
-  if grep -qE "^(FAILED|ERROR)| failed" "$OUT/gpu_tests.log" || ! grep -q " passed" "$OUT/gpu_tests.log"; then
-    echo "tests not green: no re-tune"; exit 1; fi
+timeout 90 python3 -m pytest -q -m gpu -n 4 tests/test_edge_calls.py -p no:cacheprovider > "$OUT/tests.log" 2>&1
+grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head; tail -1 "$OUT/tests.log"
+cp cache.db "$OUT/cache.db"
+if echo "$GPU" | grep -q H200; then
+  GEN="--protocol resident --repeats 2"
+else
+  attntune tune --suite default --cache "$OUT/cache.db" --storage memory --trials ${TRIALS:-8} --time-limit ${TUNE_S:-250} \
+      > "$OUT/tune.log" 2>&1; echo "tune rc=$?"; grep -E "keys tuned|busy|error" "$OUT/tune.log" | tail -3
+  GEN="--protocol resident --batches 1,8 --prompts 512,4096 --new-tokens 64 --repeats 2 --no-graphs"
 fi
-[ -f "$OUT/cache.db" ] || cp "${TUNE_BASE:-cache.db}" "$OUT/cache.db"
-for suite in default fp8; do
-  t=$(left); [ $t -gt 40 ] || break
-  lim=$(( t - 20 )); [ "$suite" = default ] && [ $t -gt 300 ] && lim=$(( t - 90 ))
-  attntune tune --suite $suite --cache "$OUT/cache.db" --storage "sqlite:///$OUT/optuna.db" --time-limit $lim \
-      > "$OUT/tune_$suite.log" 2>&1; echo "tune $suite rc=$? limit=$lim"; grep -E "keys tuned|stale|error" "$OUT/tune_$suite.log" | tail -4
-done
-ATTNTUNE_CACHE="$OUT/cache.db" attntune doctor 2>&1 | grep -iE "stale|valid|rows" | head -8
 t=$(left)
-if [ $t -gt 60 ]; then
-  timeout $t python3 benchmarks/bench_flash.py --out "$OUT/flash.json" --cases ${FLASH_CASES:-dense-fwd-S4096-D96,dense-fwd-S4096-D80} \
-      --budget-s $(( t - 45 )) > "$OUT/flash.log" 2>&1; tail -15 "$OUT/flash.log"
-fi
+ATTNTUNE_CACHE="$OUT/cache.db" timeout $t python3 benchmarks/bench_generate.py --out "$OUT/generate.json" $GEN \
+    > "$OUT/generate.log" 2>&1; echo "generate rc=$?"; grep -vE "Warning|warn" "$OUT/generate.log" | tail -40
