@@ -14,7 +14,7 @@ timeout 90 python3 -m pytest -q -m gpu -n 4 tests/test_edge_calls.py -p no:cache
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head; tail -1 "$OUT/tests.log"
 cp cache.db "$OUT/cache.db"
 if echo "$GPU" | grep -q H200; then
-  GEN="--protocol resident --repeats 2"
+  GEN="--protocol resident --repeats 2 --batches 1,8 --new-tokens 64"
 else
   attntune tune --suite default --cache "$OUT/cache.db" --storage memory --trials ${TRIALS:-8} --time-limit ${TUNE_S:-250} \
       > "$OUT/tune.log" 2>&1; echo "tune rc=$?"; grep -E "keys tuned|busy|error" "$OUT/tune.log" | tail -3
