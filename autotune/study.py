@@ -104,8 +104,29 @@ def open_storage(url: Optional[str]):
     except Exception as e:  # noqa: BLE001 — a damaged file, a bad URL, a missing driver, a dead server
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CacheError(f"optuna storage {display_url(normalize_url(url))}: cannot be used "
-                         f"({type(e).__name__}: {first}); it holds only the tuner's resumable study state "
-                         "(the winners are in the cache): delete it, or pass --storage memory") from e
+                         f"({type(e).__name__}: {first}); {storage_advice(first)}") from e
+
+
+#: what to do about a storage that cannot be used, by what its error says (lower case). Deleting the file is
+#: the advice only where the file itself is damaged: a full disk, a read-only file or a dead server leave a
+#: good file that the next run resumes from once the cause is gone.
+_ADVICE = (
+    (("disk is full", "no space left"), "the disk is full: free space and run again (the study resumes)"),
+    (("readonly", "read-only", "permission denied", "unable to open"),
+     "it cannot be written here: make it writable, or pass another --storage"),
+    (("malformed", "not a database", "file is encrypted"),
+     "the file is damaged; it holds only the tuner's resumable study state (the winners are in the cache): "
+     "delete it"),
+)
+
+
+def storage_advice(error: str) -> str:
+    """The fix to suggest for an optuna storage that raised ``error`` (its first line)."""
+    low = error.lower()
+    for needles, advice in _ADVICE:
+        if any(n in low for n in needles):
+            return f"{advice}, or pass --storage memory"
+    return "check the URL, its driver and its server, or pass --storage memory (no resume)"
 
 
 def _open_rdb(url: str):

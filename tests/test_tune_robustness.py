@@ -56,6 +56,27 @@ def test_an_optuna_storage_with_damaged_pages_is_one_line_naming_it(tmp_path):
     assert "StorageInternalError" not in res.output
 
 
+@pytest.mark.parametrize("error,advice,not_advice", [
+    ("database or disk is full", "free space", "delete it"),
+    ("attempt to write a readonly database", "writable", "delete it"),
+    ("file is not a database", "delete it", "free space"),
+    ("could not connect to server: Connection refused", "check the URL", "delete it"),
+])
+def test_an_unusable_optuna_storage_gets_the_advice_of_its_cause(tmp_path, monkeypatch, error, advice, not_advice):
+    """"delete it" was the advice whatever the cause: on a full disk or a read-only file that throws away a
+    good study (the next run resumes from it once the cause is gone). Each cause now gets its own fix."""
+    from attntune.autotune import study
+
+    def failing(url):
+        raise sqlite3.OperationalError(error)
+
+    monkeypatch.setattr(study, "_open_rdb", failing)
+    res = runner.invoke(app, [*TUNE, "--shape", "b=1,hq=2,sq=32,d=16", "--cache", str(tmp_path / "c.db")])
+    assert res.exit_code == 2, res.output
+    out = " ".join(res.output.split())
+    assert error in out and advice in out and not_advice not in out and "--storage memory" in out
+
+
 def test_a_worker_stopped_while_starting_reports_an_interrupt(tmp_path, monkeypatch, capfd):
     """Ctrl-C reaches every process of the terminal's group, and ``tune`` passes SIGTERM on to its
     workers as SIGINT: a worker still importing torch printed a KeyboardInterrupt traceback from
