@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+from attntune.cache.causes import ADVICE, cause_of
 from attntune.cache.retry import retry_locked
 from attntune.cache.store import BUSY_TIMEOUT_MS, CacheError, display_url, normalize_url
 
@@ -107,25 +108,16 @@ def open_storage(url: Optional[str]):
                          f"({type(e).__name__}: {first}); {storage_advice(first)}") from e
 
 
-#: what to do about a storage that cannot be used, by what its error says (lower case). Deleting the file is
-#: the advice only where the file itself is damaged: a full disk, a read-only file or a dead server leave a
-#: good file that the next run resumes from once the cause is gone.
-_ADVICE = (
-    (("disk is full", "no space left"), "the disk is full: free space and run again (the study resumes)"),
-    (("readonly", "read-only", "permission denied", "unable to open"),
-     "it cannot be written here: make it writable, or pass another --storage"),
-    (("malformed", "not a database", "file is encrypted"),
-     "the file is damaged; it holds only the tuner's resumable study state (the winners are in the cache): "
-     "delete it"),
-)
-
-
 def storage_advice(error: str) -> str:
-    """The fix to suggest for an optuna storage that raised ``error`` (its first line)."""
-    low = error.lower()
-    for needles, advice in _ADVICE:
-        if any(n in low for n in needles):
-            return f"{advice}, or pass --storage memory"
+    """The fix to suggest for an optuna storage that raised ``error`` (its first line): deleting the file
+    only where the file itself is damaged — a full disk, a read-only file or a dead server leave a good
+    study that the next run resumes from once the cause is gone."""
+    cause = cause_of(error)
+    if cause == "damaged":
+        return ("the file is damaged; it holds only the tuner's resumable study state (the winners are in the "
+                "cache): delete it, or pass --storage memory")
+    if cause is not None:
+        return f"{ADVICE[cause]} (the study resumes), or pass --storage memory"
     return "check the URL, its driver and its server, or pass --storage memory (no resume)"
 
 

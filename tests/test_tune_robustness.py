@@ -77,6 +77,43 @@ def test_an_unusable_optuna_storage_gets_the_advice_of_its_cause(tmp_path, monke
     assert error in out and advice in out and not_advice not in out and "--storage memory" in out
 
 
+def test_a_cache_that_fills_the_disk_mid_run_is_named_and_keeps_the_finished_keys(tmp_path, monkeypatch):
+    """A full disk while a winner is written: the key ended "error: OperationalError: database or disk is
+    full" in the table and tune exited 0. It now exits 1 with one line naming the cache, saying the finished
+    keys are kept and what to do."""
+    calls = []
+    real = CacheStore.upsert_winner
+
+    def filling(self, rec, force=False):
+        calls.append(rec.key.key_id)
+        if len(calls) > 1:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(self, rec, force)
+
+    monkeypatch.setattr(CacheStore, "upsert_winner", filling)
+    cache = tmp_path / "c.db"
+    res = runner.invoke(app, [*TUNE, "--shape", "b=1,hq=2,sq=32,d=16", "--shape", "b=1,hq=2,sq=48,d=16",
+                              "--cache", str(cache)])
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())
+    assert "1 of 2 keys failed" in out and str(cache) in out and "disk is full" in out and "kept" in out
+    assert "free space" in out
+    monkeypatch.setattr(CacheStore, "upsert_winner", real)
+    assert [r["key_id"] for r in CacheStore(str(cache)).raw_winners()] == calls[:1]
+
+
+def test_database_errors_get_the_fix_of_their_cause():
+    from attntune.cache.store import CacheError
+    from attntune.cli.errors import describe
+
+    for msg, fix in (("disk I/O error", "-wal/-shm"), ("database or disk is full", "free space"),
+                     ("attempt to write a readonly database", "writable")):
+        line, code = describe(CacheError(f"user cache sqlite:///x.db: cannot read (OperationalError: {msg})"))
+        assert code == 2 and line.startswith("user cache sqlite:///x.db") and fix in line, line
+    line, _ = describe(CacheError("user cache sqlite:///x.db: cannot read (DatabaseError: file is not a database)"))
+    assert "delete" not in line  # deleting a damaged cache loses its winners: no such advice here
+
+
 def test_a_worker_stopped_while_starting_reports_an_interrupt(tmp_path, monkeypatch, capfd):
     """Ctrl-C reaches every process of the terminal's group, and ``tune`` passes SIGTERM on to its
     workers as SIGINT: a worker still importing torch printed a KeyboardInterrupt traceback from

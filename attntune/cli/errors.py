@@ -46,7 +46,7 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
-def _is_cache_error(e: BaseException) -> bool:
+def is_cache_error(e: BaseException) -> bool:
     """A database-level failure. Checked through sys.modules: when sqlalchemy or the cache store was
     never imported, the exception cannot come from them (and importing them here would cost start-up)."""
     store = sys.modules.get("attntune.cache.store")
@@ -57,18 +57,29 @@ def _is_cache_error(e: BaseException) -> bool:
     return bool(kinds) and isinstance(e, kinds)
 
 
+def cause_hint(line: str) -> str:
+    """What to do, where the message shows a full disk, a read-only file or SQLite's failing -wal/-shm
+    files (:mod:`attntune.cache.causes`); a damaged cache gets no advice here (deleting it loses the
+    winners: `attntune doctor` says more)."""
+    from attntune.cache.causes import ADVICE, cause_of
+
+    advice = ADVICE.get(cause_of(line) or "")
+    return f"; {advice}" if advice else ""
+
+
 def describe(e: BaseException) -> Tuple[str, int]:
     """The line to print for ``e`` and the exit code."""
     if isinstance(e, _CLICK_EXCEPTION):  # a usage error: typer's message, the command's help named
         ctx = getattr(e, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         return " ".join(e.format_message().split()) + hint, e.exit_code
-    if isinstance(e, CliError):
-        return str(e), USER_ERROR
-    if _is_cache_error(e):
+    if isinstance(e, CliError):  # often a cache's error, named and reworded by the command
+        return str(e) + cause_hint(str(e)), USER_ERROR
+    if is_cache_error(e):
         # CacheError messages already name the cache; SQLAlchemy's name only the failing statement.
         cache_error = type(e).__name__ == "CacheError"
-        return (str(e).splitlines()[0] if cache_error else f"cache: {one_line(e)}"), USER_ERROR
+        line = str(e).splitlines()[0] if cache_error else f"cache: {one_line(e)}"
+        return line + cause_hint(line), USER_ERROR
     if isinstance(e, OSError):
         where = f"{e.filename}: " if e.filename else ""
         return f"{where}{e.strerror or one_line(e)}", USER_ERROR

@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from attntune.cli import app
+from attntune.cli.errors import cause_hint, is_cache_error, one_line
 from attntune.cli.common import (CliError, check_cache_option, console, err_console, fmt_ms, open_target,
                                  read_layers)
 from attntune.cli.common import parse_device as _device
@@ -298,6 +299,13 @@ def tune(
         raise typer.Exit(1)
     except ValueError as e:  # the tuner refusing its arguments (e.g. several workers, no shared storage)
         raise CliError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 — a database error mid-run (a full disk): name the cache
+        if not is_cache_error(e):
+            raise
+        from attntune.cache.store import display_url, normalize_url
+
+        raise CliError(f"cache {display_url(normalize_url(cache_url))}: {one_line(e)} (the keys finished before "
+                       "it are kept; run the same command again to resume the rest)") from None
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
@@ -326,6 +334,29 @@ def tune(
     if view.errors:
         raise typer.Exit(1)
     _fail_if_nothing_done(results)
+    _fail_on_key_errors(results, cache_url)
+
+
+def _fail_on_key_errors(results, cache_url: str) -> None:
+    """Keys that ended in an error (the tuner raised: a bug, or a database that failed mid-run — a full
+    disk) are failures even when other keys finished: one line naming the first error (the cache too when
+    it is a database error, with the fix of its cause) and exit 1. Unfinished keys (a time limit) and keys
+    without a passing variant are outcomes, not errors."""
+    errors = [r for r in results if r.status == "error"]
+    if not errors:
+        return
+    first = (errors[0].reason or "").splitlines()[0]
+    from attntune.cache.causes import cause_of
+
+    where = ""
+    if cause_of(first) is not None:
+        from attntune.cache.store import display_url, normalize_url
+
+        where = f"cache {display_url(normalize_url(cache_url))}: "
+    line = (f"{len(errors)} of {len(results)} keys failed ({where}{first}); the others are kept, and the same "
+            "command resumes the failed ones")
+    err_console.print(f"attntune: error: {line}{cause_hint(first)}", markup=False, highlight=False)
+    raise typer.Exit(1)
 
 
 def _say_busy(results, workers: int) -> None:
