@@ -35,6 +35,18 @@ def _no_run_queue_figures(monkeypatch):
     monkeypatch.setattr(cpuwait, "_TASKS", "/nonexistent/attntune-tests")
 
 
+@pytest.fixture
+def hf_registered():
+    """The Hugging Face backend registered and a fresh runtime (tests/test_hf*.py use it for every test)."""
+    import attntune
+    import attntune.hf
+
+    attntune.hf.register()
+    attntune.reset()
+    yield
+    attntune.reset()
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
         return

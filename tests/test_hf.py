@@ -18,12 +18,7 @@ SEQ = 13
 WINDOW = 4  # < SEQ, so the window changes the result (checked below)
 
 
-@pytest.fixture(autouse=True)
-def _setup():
-    attntune.hf.register()
-    attntune.reset()
-    yield
-    attntune.reset()
+pytestmark = pytest.mark.usefixtures("hf_registered")
 
 
 def _config(kind: str, sliding_window=WINDOW):

@@ -32,12 +32,7 @@ SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key
              num_experts_per_tok=1, d_model=64, n_heads=4, n_layers=2, max_seq_len=64)
 
 
-@pytest.fixture(autouse=True)
-def _setup():
-    attntune.hf.register()
-    attntune.reset()
-    yield
-    attntune.reset()
+pytestmark = pytest.mark.usefixtures("hf_registered")
 
 
 def _config(model_type: str, **extra):
