@@ -296,6 +296,15 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _raise_interrupt_once(signum, frame) -> None:
+    """A worker's handler: the first stop signal interrupts, later ones are ignored. The parent passes every
+    stop signal on to its workers (a ``kill -INT`` of the parent alone reaches no worker), so a worker that
+    also got the terminal's Ctrl-C sees two; the second must not break its claim release."""
+    if _TERMINATED:
+        return
+    _raise_interrupt(signum, frame)
+
+
 @contextlib.contextmanager
 def interrupts_deferred():
     """Hold Ctrl-C and SIGTERM back during a short critical section (settling a claim in the database):
@@ -322,19 +331,20 @@ def interrupts_deferred():
             os.kill(os.getpid(), sig)
 
 
-def stop_signals_as_interrupt() -> Dict[int, Any]:
+def stop_signals_as_interrupt(once: bool = False) -> Dict[int, Any]:
     """Ctrl-C and SIGTERM (``timeout``, a batch scheduler, ``kill``) stop a tune alike: finished keys are
     kept and the key in progress releases its claim at once instead of when the claim expires; both set
     :data:`_TERMINATED`, so a KeyboardInterrupt Python swallowed still stops the run at the next key.
     Returns the previous handlers ``{signal: handler}`` (to restore), empty off the main thread, where
-    Python delivers no signals."""
+    Python delivers no signals. ``once``: only the first signal interrupts (a worker's handler)."""
     import threading
 
     global _TERMINATED, _BY_SIGTERM
     _TERMINATED = _BY_SIGTERM = False
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handler = _raise_interrupt_once if once else _raise_interrupt
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 # ---- multi-process --------------------------------------------------------------------------------
@@ -344,7 +354,7 @@ def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
     """Body of a spawned worker process. Everything crosses the process boundary as JSON. It starts with
     Ctrl-C and SIGTERM blocked (:func:`_start_blocked`); one sent meanwhile is delivered once the handlers
     below are in place, and stops the worker as an interrupt."""
-    stop_signals_as_interrupt()  # the parent's terminate() then releases this worker's claim
+    stop_signals_as_interrupt(once=True)  # the parent's terminate() then releases this worker's claim
     problems = [AttentionProblem.model_validate_json(s) for s in payload["problems"]]
     opts = SweepOptions(
         trials=payload["trials"],
@@ -470,11 +480,16 @@ def _run_processes(
             drain(0.2)
     except KeyboardInterrupt:
         interrupted = True
-        if _BY_SIGTERM:  # SIGTERM reaches this process alone: pass it on as Ctrl-C
-            for p in procs:
-                if p.is_alive() and p.pid is not None:
+        # Passed on as Ctrl-C to every live worker: SIGTERM, and a SIGINT sent to this process alone (kill
+        # -INT, a supervisor), reach no worker — they tuned on until terminated 35 s later, their claims left
+        # live. A worker that got the terminal's Ctrl-C too ignores the second (_raise_interrupt_once).
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                try:
                     os.kill(p.pid, signal.SIGINT)
-        # The workers got the same SIGINT: let them release their claims and report.
+                except ProcessLookupError:  # exited meanwhile
+                    pass
+        # Let them release their claims and report.
         deadline = time.time() + 30
         while (any(p.is_alive() for p in procs) or not q.empty()) and time.time() < deadline:
             try:

@@ -140,3 +140,35 @@ def test_a_worker_stopped_while_starting_reports_an_interrupt(tmp_path, monkeypa
     with store.session() as s:
         assert not s.query(Claim).filter(Claim.done == 0).all()
     store.dispose()
+
+
+def test_ctrl_c_sent_to_the_parent_alone_stops_every_worker(tmp_path, capfd):
+    """``kill -INT`` of ``tune``'s process alone (a supervisor, a script): the parent stopped, its workers
+    tuned on until terminated 35 s later and their claims stayed live. The parent now passes the signal on,
+    and each worker releases its claim and reports an interrupt."""
+    import threading
+
+    cache = str(tmp_path / "c.db")
+    events, sent = [], []
+
+    def on_event(ev):
+        events.append(ev)
+        if ev["type"] == "key_start" and not sent:  # a worker is inside a key: stop the parent only
+            sent.append(1)
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    keys = [prob(s) for s in range(40, 40 + 8 * 40, 8)]  # 40 keys: seconds of work left for each worker
+    with pytest.raises(Interrupted):
+        run_tuning(keys, cache=cache, workers=2, timing=TimingOptions.quick(), refine=0, trials=4,
+                   on_event=on_event)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    assert not [ev for ev in events if ev["type"] == "worker_errors"]
+    store = CacheStore(cache)
+    from attntune.cache.schema import Claim
+
+    with store.session() as s:
+        assert not s.query(Claim).filter(Claim.done == 0).all()  # every worker released its claim
+    # the workers stopped in the key they were in (at most that one finished); before, they went on (7 keys)
+    assert store.count() <= 2, store.count()
+    store.dispose()
