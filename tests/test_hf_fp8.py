@@ -18,8 +18,10 @@ from attntune import fp8  # noqa: E402
 from attntune.hf_fp8 import FP8StaticCache, FP8StaticLayer  # noqa: E402
 from transformers.cache_utils import StaticCache, StaticLayer  # noqa: E402
 
-# the tiny models and the autouse set-up (register the backend, reset the runtime) of the HF backend tests
-from test_hf import WINDOW, _config, _setup  # noqa: E402,F401
+# the tiny models of the HF backend tests, and their set-up (register the backend, reset the runtime)
+from test_hf import WINDOW, _config  # noqa: E402,F401
+
+pytestmark = pytest.mark.usefixtures("hf_registered")
 
 
 def _models(kind: str, impls, dtype=torch.float32, device="cpu"):
