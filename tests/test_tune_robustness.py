@@ -155,7 +155,7 @@ def test_ctrl_c_sent_to_the_parent_alone_stops_every_worker(tmp_path, capfd):
         events.append(ev)
         if ev["type"] == "key_start" and not sent:  # a worker is inside a key: stop the parent only
             sent.append(1)
-            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+            threading.Timer(0.0, os.kill, (os.getpid(), signal.SIGINT)).start()
 
     keys = [prob(s) for s in range(40, 40 + 8 * 40, 8)]  # 40 keys: seconds of work left for each worker
     with pytest.raises(Interrupted):
