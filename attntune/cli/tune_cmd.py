@@ -302,10 +302,8 @@ def tune(
     except Exception as e:  # noqa: BLE001 — a database error mid-run (a full disk): name the cache
         if not is_cache_error(e):
             raise
-        from attntune.cache.store import display_url, normalize_url
-
-        raise CliError(f"cache {display_url(normalize_url(cache_url))}: {one_line(e)} (the keys finished before "
-                       "it are kept; run the same command again to resume the rest)") from None
+        raise CliError(f"{_cache_shown(cache_url)}: {one_line(e)} (the keys finished before it are kept; run "
+                       "the same command again to resume the rest)") from None
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
@@ -337,6 +335,13 @@ def tune(
     _fail_on_key_errors(results, cache_url)
 
 
+def _cache_shown(cache_url: str) -> str:
+    """The target cache as messages name it (passwords masked)."""
+    from attntune.cache.store import display_url, normalize_url
+
+    return f"cache {display_url(normalize_url(cache_url))}"
+
+
 def _fail_on_key_errors(results, cache_url: str) -> None:
     """Keys that ended in an error (the tuner raised: a bug, or a database that failed mid-run — a full
     disk) are failures even when other keys finished: one line naming the first error (the cache too when
@@ -348,11 +353,7 @@ def _fail_on_key_errors(results, cache_url: str) -> None:
     first = (errors[0].reason or "").splitlines()[0]
     from attntune.cache.causes import cause_of
 
-    where = ""
-    if cause_of(first) is not None:
-        from attntune.cache.store import display_url, normalize_url
-
-        where = f"cache {display_url(normalize_url(cache_url))}: "
+    where = f"{_cache_shown(cache_url)}: " if cause_of(first) is not None else ""
     line = (f"{len(errors)} of {len(results)} keys failed ({where}{first}); the others are kept, and the same "
             "command resumes the failed ones")
     err_console.print(f"attntune: error: {line}{cause_hint(first)}", markup=False, highlight=False)
