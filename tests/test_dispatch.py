@@ -929,6 +929,40 @@ def test_decode_family_is_served_by_one_slot_and_one_prepared_launch_per_plan(mo
     assert all(p["family"] and p["variant"] == "triton_decode" for p in plans)
 
 
+def test_a_dynamic_cache_decode_loop_prepares_one_launch_per_range_not_one_per_step(monkeypatch):
+    """HF's dynamic cache hands a new contiguous K/V tensor every step (torch.cat): other lengths *and*
+    other batch/head strides. A launch prepared for one step serves the next ones of its length range with
+    the new strides swapped in (it prepared one launch per step before); each is what prepare_decode would
+    build for that step, and the results are exact. A stride of another Triton class prepares anew."""
+    from attntune.kernels import triton_decode_variant as tdv
+    from attntune.kernels.triton_common import dot_precision
+    from attntune.kernels.triton_decode import launch as dl
+
+    _decode_family_env(monkeypatch)
+    prepared, launched = [], []
+    real_prepare, real_launch = tdv.prepare_decode, dl.DecodeLaunch.launch
+    monkeypatch.setattr(tdv, "prepare_decode", lambda *a, **kw: prepared.append(a[1].shape[2]) or real_prepare(*a, **kw))
+    monkeypatch.setattr(dl.DecodeLaunch, "launch", lambda self, *a, **kw: launched.append((self, a[1])) or
+                        real_launch(self, *a, **kw))
+    q, kbuf, vbuf = rand_qkv(2, 4, 2, 1, 400, 16)
+    lengths = [n for n in range(321, 336)]  # one length range; none divisible by 16
+    for n in lengths:
+        k, v = kbuf[:, :, :n].contiguous(), vbuf[:, :, :n].contiguous()  # a new tensor a step
+        torch.testing.assert_close(attntune.attention(q, k, v, causal=True), _gqa_ref(q, k, v), atol=3e-5, rtol=1e-5)
+    assert prepared == [321]
+    out = torch.empty(2, 4, 1, 16)
+    for launch, k in launched:  # each step's launch is the one a full prepare would make for its tensors
+        causal, window = launch.plan_args[10:12]  # the plan's canonical mask (causal over one query: none)
+        want = real_prepare(q, k, k, None, out, causal, 0.25, launch.cfg, dot_precision(q.dtype), window)
+        assert launch._replace(lo=want.lo, hi=want.hi) == want and want.lo <= launch.lo <= launch.hi <= want.hi
+    # strides of another class (a batch stride not divisible by 16): a launch of its own
+    k = torch.randn(2, 2, 336 + 1, 17)[..., :16]
+    n_before = len(prepared)
+    torch.testing.assert_close(attntune.attention(q, k[:, :, :330], k[:, :, :330], causal=True),
+                               _gqa_ref(q, k[:, :, :330], k[:, :, :330]), atol=3e-5, rtol=1e-5)
+    assert len(prepared) == n_before + 1
+
+
 def test_decode_family_slot_failure_falls_back_for_the_exact_shape(monkeypatch):
     """A failure inside a family-generic slot quarantines the variant and serves *this* call's shape (not
     the family's first shape) from the safe fallback; later lengths of the family are re-resolved."""
