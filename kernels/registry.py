@@ -33,10 +33,6 @@ def _causal_nonpositive_scale(p: AttentionProblem) -> bool:
     return p.causal and p.scale is not None and p.scale <= 0
 
 
-def _zero_scale(p: AttentionProblem) -> bool:
-    return p.scale is not None and p.scale == 0
-
-
 #: Known wrong results (each found by a test that compares against the float64 reference).
 QUIRKS: Tuple[Quirk, ...] = (
     # torch 2.13 CPU: the flash kernel (SDPA's CPU default) fills masked scores with -inf times the scale:
@@ -48,12 +44,6 @@ QUIRKS: Tuple[Quirk, ...] = (
     # backends are right. Kept on ROCm as well (its flash kernel is untested here: no AMD GPU).
     Quirk(frozenset({"sdpa_default", "sdpa_flash", "sdpa_cudnn"}), frozenset({"cuda"}), _causal_nonpositive_scale,
           "torch's CUDA flash and cuDNN kernels return NaN for is_causal with a scale <= 0 (seen with torch 2.11)"),
-    # Our own flash kernels (triton_flash, and triton_local, which launches them) fold the scale into the
-    # running max after masking: a masked score (the mask, or a partial last tile) is -inf * 0 = NaN at scale 0
-    # (seen on the H100 and in the interpreter). The fix (triton_flash/op.py: q * 0 at scale 1) changes a hashed
-    # source and waits for a re-tune (docs/wip); until then such calls go to the other variants.
-    Quirk(frozenset({"triton_flash", "triton_local"}), frozenset({"cpu", "cuda"}), _zero_scale,
-          "attntune's flash kernels return NaN at scale 0 (masked scores: -inf * 0; fix waiting in docs/wip)"),
 )
 
 

@@ -94,6 +94,10 @@ def flash_attention(
         # the kernels fold the scale into the running max (max(qk) * scale), valid only for scale >= 0;
         # q * scale == (-q) * |scale| keeps everything else unchanged, and autograd flips dq back
         q, sm_scale = -q, -sm_scale
+    elif sm_scale == 0:
+        # every admitted score is 0, but a masked one would be -inf * 0 = NaN in the running max: q * 0 at
+        # scale 1 gives the same scores (and zero gradients for q), finite
+        q, sm_scale = q * 0.0, 1.0
     if k_scale is not None:  # FP8 K/V: a forward only (check_inputs made sure both scales are there)
         if torch.is_grad_enabled() and q.requires_grad:
             raise ValueError("k_scale/v_scale: FP8 K/V are for inference; q must not require grad")
