@@ -8,7 +8,9 @@
 (:func:`attention_forward`, in ``AttentionInterface``) and a mask function (:func:`attention_mask`, in
 ``AttentionMaskInterface``). The mask function recognises transformers' two plain patterns — causal
 (``kv_idx <= q_idx``) and sliding-window causal (``q_idx - W < kv_idx <= q_idx``), identified from the
-mask function itself, never guessed — and, when no position is padded, hands the attention function a
+mask function itself (under ``torch.compile``, where its closure cannot be read without breaking the
+graph, from the call's declaration of the window, as transformers' own ``sdpa_mask`` reads it:
+:func:`_traced_pattern`) — and, when no position is padded, hands the attention function a
 description instead of a materialised ``[B, 1, Sq, Skv]`` mask:
 
 * **None** where the keys end at the last query (prefill from position 0, a dynamic cache's decode step):
@@ -278,6 +280,42 @@ def mask_pattern(mask_function) -> Optional[Tuple[str, Optional[int]]]:
     return ("sliding", int(w)) if isinstance(w, int) and w > 0 else None
 
 
+_AND_MASK_QUALNAME = "and_masks.<locals>.and_mask"
+
+
+def _traced_pattern(mask_function, local_size, kwargs: dict) -> Optional[Tuple[str, Optional[int]]]:
+    """:func:`mask_pattern` for a call under tracing (``torch.compile`` of a decode step), where reading a mask
+    function's closure is a graph break (dynamo cannot give ``__closure__`` of a function made in the traced
+    region — transformers builds its mask functions per forward — and a break splits a compiled step, e.g.
+    into several CUDA graphs with eager gaps between them).
+
+    Causal is identified exactly (identity). The sliding pattern is identified from what dynamo can read,
+    all of which must hold: the function is transformers' ``and_mask``; the call declares the window the way
+    transformers' ``create_sliding_window_causal_mask`` does — ``local_size`` equal to the model's
+    ``config.sliding_window`` (what transformers' own ``sdpa_mask`` trusts to skip the mask) and not its
+    ``attention_chunk_size`` (chunked attention passes its chunk as ``local_size``); ``use_vmap=False``
+    (an extra ``and_mask_function``/``or_mask_function`` sets it); no ``allow_is_bidirectional_skip``
+    (the bidirectional sliding mask passes it). The remaining ``and_mask`` a model makes without vmap is
+    transformers' packed-sequence mask, which it only builds without a cache — :func:`_described` describes
+    traced calls only for decode, whose callers hold a cache. Anything else: None (transformers' mask)."""
+    if mask_function is _causal_fn():
+        return ("causal", None)
+    config = kwargs.get("config")
+    if (getattr(mask_function, "__qualname__", None) != _AND_MASK_QUALNAME or config is None
+            or kwargs.get("use_vmap", True) is not False or "allow_is_bidirectional_skip" in kwargs
+            or not isinstance(local_size, int) or isinstance(local_size, bool) or local_size <= 0):
+        return None
+    if getattr(config, "sliding_window", None) != local_size or getattr(config, "attention_chunk_size", None) == local_size:
+        return None
+    return ("sliding", local_size)
+
+
+def _causal_fn():
+    from transformers.masking_utils import causal_mask_function
+
+    return causal_mask_function
+
+
 def _no_padding(attention_mask: Optional[torch.Tensor], start: int, stop: int) -> bool:
     """True when the 2-D padding mask admits every key position in ``[start, stop)`` (reads its values:
     eager only). Positions past the mask's length count as padding, as transformers pads with False."""
@@ -295,8 +333,9 @@ def _kv_lens(batch_size: int, q_length: int, q_offset, kv_offset: int, device) -
     if isinstance(q_offset, torch.Tensor):
         n = (q_offset.reshape(()).to(device=device, dtype=torch.int32) + (q_length - kv_offset))
         return n.expand(batch_size).contiguous().view(batch_size, 1, 1, 1)
-    return torch.full((batch_size, 1, 1, 1), int(q_offset) + q_length - kv_offset, dtype=torch.int32,
-                      device=device)
+    # no int(): under tracing an offset may be a SymInt (a sliding static layer's python position, which
+    # dynamo makes dynamic), and int() would specialise the compiled step on it — a recompile every step
+    return torch.full((batch_size, 1, 1, 1), q_offset + q_length - kv_offset, dtype=torch.int32, device=device)
 
 
 def _described(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offset: int,
@@ -342,8 +381,13 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
         return eager_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                           kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                           local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
-    pattern = mask_pattern(mask_function) if mask_function is not None else None
-    if pattern is not None and isinstance(kv_offset, int):
+    if mask_function is None:
+        pattern = None
+    elif _tracing(attention_mask) or _tracing(q_offset):
+        pattern = _traced_pattern(mask_function, local_size, kwargs)
+    else:
+        pattern = mask_pattern(mask_function)
+    if pattern is not None and isinstance(kv_offset, (int, torch.SymInt)):
         out = _described(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
                          kwargs.get("device", "cpu"))
         if out is not ...:
