@@ -326,16 +326,25 @@ def _no_padding(attention_mask: Optional[torch.Tensor], start: int, stop: int) -
     return bool(attention_mask[:, start:stop].all())
 
 
-def _kv_lens(batch_size: int, q_length: int, q_offset, kv_offset: int, device) -> torch.Tensor:
+def _kv_lens(batch_size: int, q_length: int, q_offset, kv_offset: int, device,
+             kv_length: Optional[int] = None) -> torch.Tensor:
     """``q_offset + Sq - kv_offset`` valid keys per sequence as a contiguous int32 ``[B, 1, 1, 1]`` tensor
     (the mask-shaped carrier :func:`_lens_of` reads), with tensor operations only when ``q_offset`` is a
     tensor (a static cache's position under tracing: no host read)."""
     if isinstance(q_offset, torch.Tensor):
         n = (q_offset.reshape(()).to(device=device, dtype=torch.int32) + (q_length - kv_offset))
         return n.expand(batch_size).contiguous().view(batch_size, 1, 1, 1)
-    # no int(): under tracing an offset may be a SymInt (a sliding static layer's python position, which
-    # dynamo makes dynamic), and int() would specialise the compiled step on it — a recompile every step
-    return torch.full((batch_size, 1, 1, 1), q_offset + q_length - kv_offset, dtype=torch.int32, device=device)
+    # No int(): under tracing an offset may be a SymInt (transformers' sliding static layer keeps its position
+    # as a python int, which dynamo makes dynamic), and int() would specialise the compiled step on it — a
+    # recompile every step. Nor should the position reach a kernel: a compiled step's CUDA graphs are keyed
+    # on the symbolic ints its kernels take (inductor records a new graph for each value: one per step, 4.8x
+    # slower than SDPA's step on an H100). Once the sliding buffer is full every slot is valid: that is a
+    # guard on a relation (one graph for "full", one for "filling"), and the carrier holds a constant.
+    # (dynamo reports a SymInt as an int to isinstance: the test is the comparison itself, a no-op in eager)
+    n = q_offset + q_length - kv_offset
+    if kv_length is not None and n == kv_length:
+        n = kv_length
+    return torch.full((batch_size, 1, 1, 1), n, dtype=torch.int32, device=device)
 
 
 def _described(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offset: int,
@@ -347,7 +356,7 @@ def _described(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offs
     if _tracing(attention_mask) or _tracing(q_offset):
         # no values can be read: only a call without any padding mask can be described
         if attention_mask is None and q_length <= DECODE_MAX_SQ:
-            return _kv_lens(batch_size, q_length, q_offset, kv_offset, device)
+            return _kv_lens(batch_size, q_length, q_offset, kv_offset, device, kv_length)
         return ...
     q_off = q_offset if isinstance(q_offset, int) else int(q_offset)  # one read of a static cache's position
     valid = q_off + q_length - kv_offset

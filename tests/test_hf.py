@@ -244,7 +244,9 @@ def test_compiled_static_generate_compiles_the_decode_step_once(kind):
     """transformers' automatic compilation of the static-cache decode step (forced on the CPU, eager
     backend: dynamo's tracing and guards without code generation) compiles as many graphs for attntune as
     for HF's SDPA path (Llama: one; Mistral: two — transformers' sliding static layer keeps a python
-    position that its own cache code guards on), without a graph break, and generates the same tokens.
+    position that its own cache code guards on), without a graph break, with no tensor computed from that
+    symbolic position (inductor records a CUDA graph per value of a symbolic int its kernels take: one per
+    step), and generates the same tokens.
     The sliding-window model's mask function is made inside the traced step: reading its closure broke
     the graph (7 graphs, and 0.17x SDPA's tokens/s on an H100), and an int() of the sliding layer's
     position recompiled the step at every position."""
@@ -255,9 +257,26 @@ def test_compiled_static_generate_compiles_the_decode_step_once(kind):
     ids = _ids(batch=2, seq=9)
     kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(ids),
               cache_implementation="static")
-    graphs, breaks, outs = {}, {}, {}
+    graphs, breaks, outs, symbolic = {}, {}, {}, {}
+
+    def backend(gm, example_inputs):
+        # which tensors a symbolic int (the sliding layer's position) reaches: a compiled step's CUDA graphs
+        # are keyed on the symbolic ints its kernels take — a new graph recorded for every position
+        todo = [n for n, x in zip(gm.graph.find_nodes(op="placeholder"), example_inputs)
+                if isinstance(x, torch.SymInt)]
+        seen = set()
+        while todo:
+            n = todo.pop()
+            for u in n.users:
+                if u not in seen:
+                    seen.add(u)
+                    todo.append(u)
+        symbolic[name] += [str(u.target) for u in seen if isinstance(u.meta.get("example_value"), torch.Tensor)]
+        return gm.forward
+
     for name, m in (("sdpa", sdpa), ("attntune", ours)):
-        cc = CompileConfig(backend="eager", fullgraph=False)
+        symbolic[name] = []
+        cc = CompileConfig(backend=backend, fullgraph=False, mode=None)  # a callable backend takes no mode
         cc._compile_all_devices = True  # transformers compiles on CUDA/XPU only unless told
         m.generation_config.compile_config = cc
         torch._dynamo.reset()
@@ -270,6 +289,7 @@ def test_compiled_static_generate_compiles_the_decode_step_once(kind):
     assert graphs["sdpa"] >= 1, "transformers did not compile the decode step: the test proves nothing"
     assert graphs["attntune"] == graphs["sdpa"] == (1 if kind == "llama" else 2), graphs
     assert breaks["attntune"] == breaks["sdpa"] == 0, breaks
+    assert symbolic == {"sdpa": [], "attntune": []}, symbolic
     served = [p for p in attntune.stats()["plans"] if p["calls"] > plans0.get(p["key_id"], 0)]
     assert any("S1x" in p["problem"] and "kv_lens" in p["problem"] for p in served), served  # decode: ours
     for a, s in zip(outs["attntune"], outs["sdpa"]):
