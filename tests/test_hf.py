@@ -239,14 +239,16 @@ def test_traced_mask_pattern_claims_only_transformers_sliding_call():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral"])
-def test_compiled_static_generate_compiles_the_decode_step_once(kind):
+@pytest.mark.parametrize("kind,prompt", [("llama", 9), ("mistral", 9), ("mistral", 2)])
+def test_compiled_static_generate_compiles_the_decode_step_once(kind, prompt):
     """transformers' automatic compilation of the static-cache decode step (forced on the CPU, eager
     backend: dynamo's tracing and guards without code generation) compiles as many graphs for attntune as
     for HF's SDPA path (Llama: one; Mistral: two — transformers' sliding static layer keeps a python
     position that its own cache code guards on), without a graph break, with no tensor computed from that
     symbolic position (inductor records a CUDA graph per value of a symbolic int its kernels take: one per
-    step), and generates the same tokens.
+    step), and generates the same tokens. A prompt shorter than the window (2 < 4) decodes first into a
+    filling sliding buffer, then into a full one: the carrier comes from the eager mask function while
+    the buffer fills and is rebuilt inside the step once it is full (at most one graph more than SDPA's).
     The sliding-window model's mask function is made inside the traced step: reading its closure broke
     the graph (7 graphs, and 0.17x SDPA's tokens/s on an H100), and an int() of the sliding layer's
     position recompiled the step at every position."""
@@ -254,7 +256,7 @@ def test_compiled_static_generate_compiles_the_decode_step_once(kind):
     from transformers.generation.configuration_utils import CompileConfig
 
     ours, sdpa = _models(kind, ["attntune", "sdpa"])
-    ids = _ids(batch=2, seq=9)
+    ids = _ids(batch=2, seq=prompt)
     kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(ids),
               cache_implementation="static")
     graphs, breaks, outs, symbolic = {}, {}, {}, {}
@@ -287,7 +289,10 @@ def test_compiled_static_generate_compiles_the_decode_step_once(kind):
         graphs[name] = counters["stats"]["unique_graphs"]
         breaks[name] = sum(counters["graph_break"].values())
     assert graphs["sdpa"] >= 1, "transformers did not compile the decode step: the test proves nothing"
-    assert graphs["attntune"] == graphs["sdpa"] == (1 if kind == "llama" else 2), graphs
+    if kind == "llama":
+        assert graphs == {"sdpa": 1, "attntune": 1}, graphs
+    else:  # (the counts are transformers' sliding layer's: 2 full from the start, 3 with a filling phase)
+        assert graphs["sdpa"] <= graphs["attntune"] <= graphs["sdpa"] + (prompt < WINDOW), graphs
     assert breaks["attntune"] == breaks["sdpa"] == 0, breaks
     assert symbolic == {"sdpa": [], "attntune": []}, symbolic
     served = [p for p in attntune.stats()["plans"] if p["calls"] > plans0.get(p["key_id"], 0)]
