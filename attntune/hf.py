@@ -298,22 +298,18 @@ def _traced_pattern(mask_function, local_size, kwargs: dict) -> Optional[Tuple[s
     (the bidirectional sliding mask passes it). The remaining ``and_mask`` a model makes without vmap is
     transformers' packed-sequence mask, which it only builds without a cache — :func:`_described` describes
     traced calls only for decode, whose callers hold a cache. Anything else: None (transformers' mask)."""
-    if mask_function is _causal_fn():
+    from transformers.masking_utils import causal_mask_function
+
+    if mask_function is causal_mask_function:
         return ("causal", None)
     config = kwargs.get("config")
     if (getattr(mask_function, "__qualname__", None) != _AND_MASK_QUALNAME or config is None
             or kwargs.get("use_vmap", True) is not False or "allow_is_bidirectional_skip" in kwargs
-            or not isinstance(local_size, int) or isinstance(local_size, bool) or local_size <= 0):
-        return None
-    if getattr(config, "sliding_window", None) != local_size or getattr(config, "attention_chunk_size", None) == local_size:
+            or not isinstance(local_size, int) or local_size <= 0
+            or getattr(config, "sliding_window", None) != local_size
+            or getattr(config, "attention_chunk_size", None) == local_size):
         return None
     return ("sliding", local_size)
-
-
-def _causal_fn():
-    from transformers.masking_utils import causal_mask_function
-
-    return causal_mask_function
 
 
 def _no_padding(attention_mask: Optional[torch.Tensor], start: int, stop: int) -> bool:
@@ -396,7 +392,7 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
         pattern = _traced_pattern(mask_function, local_size, kwargs)
     else:
         pattern = mask_pattern(mask_function)
-    if pattern is not None and isinstance(kv_offset, (int, torch.SymInt)):
+    if pattern is not None and isinstance(kv_offset, int):  # (a SymInt passes: dynamo reports it as an int)
         out = _described(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
                          kwargs.get("device", "cpu"))
         if out is not ...:
