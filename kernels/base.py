@@ -12,6 +12,8 @@ Call order (who calls what, when):
   bucket already has a plan on this variant (a decode loop's new KV length, say): may the plan serve
   the exact shape? Must be cheap (it runs on a call's path once per new shape).
 * ``source_hash()`` — once per process; stored with tuned rows so a kernel change makes them stale.
+  ``accepts_source(stored)`` — by the cache reader: is a row written under ``stored`` still this
+  variant's (the current hash, or one of :attr:`Variant.equivalent_sources`)?
 """
 
 from __future__ import annotations
@@ -112,6 +114,11 @@ class Variant(abc.ABC):
     family: ClassVar[str] = "other"
     #: modules whose source defines this variant's numerics/speed (hashed into the fingerprint)
     source_modules: ClassVar[Sequence[str]] = ()
+    #: Source hashes of earlier versions whose rows stay valid, each with why. Only for a change that cannot
+    #: move what a row records (its winner's output and time) yet touched a hashed module — e.g. code that
+    #: decides which problems a variant is *offered* moving out of it. Reviewed by hand, never automatic; a
+    #: change to the run path never goes here (its rows must re-tune).
+    equivalent_sources: ClassVar[Dict[str, str]] = {}
     #: False when ``space(problem)`` depends only on what a plan's family fixes exactly (dtype, head
     #: dims, heads, mask kind, mode, device — not batch or sequence lengths): a config valid for one
     #: shape of a family is then valid for all of them, and :meth:`reuse_reasons` skips re-validating it.
@@ -184,6 +191,10 @@ class Variant(abc.ABC):
 
     def source_hash(self) -> str:
         return self._hash
+
+    def accepts_source(self, stored_hash: str) -> bool:
+        """True when a row written under ``stored_hash`` measured this variant as it runs now."""
+        return stored_hash == self._hash or stored_hash in self.equivalent_sources
 
     def __repr__(self) -> str:
         return f"<variant {self.name}>"

@@ -15,8 +15,6 @@ selected by setting torch's global SDPA flags around the call and restoring them
 
 from __future__ import annotations
 
-import functools
-import warnings
 from typing import List, Optional
 
 import torch
@@ -26,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attntune.kernels.base import Config, Variant
 from attntune.kernels.masks import build_mask, needs_mask
 from attntune.kernels.reference import expand_kv
+from attntune.kernels.sdpa_probe import torch_gpu_reasons
 from attntune.problem import DECODE_MAX_SQ, AttentionProblem
 
 _GPU_DTYPES_16 = ("float16", "bfloat16")
@@ -70,6 +69,10 @@ class SdpaVariant(Variant):
     family = "sdpa"
     space_depends_on_lengths = False  # no tunables
     source_modules = ("attntune.kernels.sdpa", "attntune.kernels.masks")
+    # Rows written before the support probe moved to attntune.kernels.sdpa_probe (its GPU mask fix): this
+    # module's run path — what those rows measured — did not change (base.Variant.equivalent_sources)
+    equivalent_sources = {h: "the support probe moved to sdpa_probe; run path unchanged" for h in (
+        "20cd2aa7960935e1", "f5e69bedc2bb69b0", "4374dd162bd70809", "5c67b698f603b478", "b5570c9b38c9fe8d")}
 
     def __init__(self, name: str, backend: Optional[SDPBackend], description: str,
                  gpu_only: bool, gpu_dtypes: tuple, native_gqa: bool):
@@ -94,7 +97,7 @@ class SdpaVariant(Variant):
             reasons.append(_CUDNN_SETUP_WHY)
         if reasons or not gpu or self.backend is None or self.backend == SDPBackend.MATH:
             return reasons
-        return _torch_gpu_reasons(self.backend, problem)
+        return torch_gpu_reasons(self.backend, problem)
 
     # ---- run --------------------------------------------------------------------------------
     def run(self, q, k, v, problem: AttentionProblem, config: Config,
@@ -113,45 +116,6 @@ class SdpaVariant(Variant):
         if problem.seqlen_q <= DECODE_MAX_SQ and q.is_cuda:
             return _sdpa_with(_NOT_CUDNN, q, k, v, kwargs)  # torch's choice, minus cuDNN's per-shape graphs
         return _torch_sdpa(q, k, v, **kwargs)
-
-
-@functools.lru_cache(maxsize=4096)
-def _torch_gpu_reasons(backend: SDPBackend, problem: AttentionProblem) -> List[str]:
-    """Ask torch itself (``can_use_*`` with ``debug=True``) whether a backend takes the problem; its
-    warnings are the reasons. Probed with zero-stride views, so no memory is allocated."""
-    checks = {
-        SDPBackend.FLASH_ATTENTION: torch.backends.cuda.can_use_flash_attention,
-        SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.can_use_efficient_attention,
-        SDPBackend.CUDNN_ATTENTION: getattr(torch.backends.cuda, "can_use_cudnn_attention", None),
-    }
-    check = checks.get(backend)
-    if check is None:
-        return []
-    dev, dt = "cuda", problem.torch_dtype
-
-    def view(b, h, s, d):
-        return torch.empty((1, 1, 1, d), device=dev, dtype=dt).expand(b, h, s, d)
-
-    q = view(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim)
-    expand = problem.group > 1 and backend != SDPBackend.FLASH_ATTENTION
-    hk = problem.heads_q if expand else problem.heads_kv
-    k = view(problem.batch, hk, problem.seqlen_kv, problem.head_dim)
-    v = view(problem.batch, hk, problem.seqlen_kv, problem.head_dim_v)
-    mask = None
-    if needs_mask(problem):
-        mask = torch.empty((1, 1), device=dev, dtype=torch.bool).expand(problem.seqlen_q, problem.seqlen_kv)
-    try:
-        params = torch.backends.cuda.SDPAParams(q, k, v, mask, 0.0, problem.causal and mask is None,
-                                                problem.group > 1 and not expand)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            ok = check(params, True)
-    except Exception as e:  # API drift across torch versions: let the tuner's trial decide
-        return [] if not isinstance(e, RuntimeError) else [f"torch rejected the probe: {e}"]
-    if ok:
-        return []
-    msgs = [str(w.message).strip().splitlines()[0] for w in caught]
-    return msgs or [f"torch reports {backend.name} cannot run this problem"]
 
 
 _NOT_CUDNN = frozenset((SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH))

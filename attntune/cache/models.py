@@ -191,7 +191,8 @@ def _first_error(e: BaseException) -> str:
 
 class VariantLookup(Protocol):
     """What judging a row needs from the kernels (:mod:`attntune.kernels.registry` is one): whether a
-    variant exists, and the variant (its ``space(problem).validate(config)`` and ``source_hash()``)."""
+    variant exists, and the variant (its ``space(problem).validate(config)``, ``source_hash()`` and, where it
+    has one, ``accepts_source(stored_hash)``)."""
 
     def exists(self, name: str) -> bool: ...
 
@@ -236,7 +237,12 @@ def judge(raw: Dict[str, Any], origin: str, variants: Optional[VariantLookup] = 
         bad = variant.space(problem).validate(rec.config)
     except Exception as e:  # noqa: BLE001
         bad = [f"space check raised {type(e).__name__}: {e}"]
-    current = software_fingerprint(variant.source_hash(), rec.key.device.device_type)
+    # a row written under an earlier source the variant declares equivalent (its run path unchanged) is
+    # judged as written under the current one; the versions (torch, triton, ...) are still compared
+    stored_hash = rec.fingerprint.variant_hash
+    accepts = getattr(variant, "accepts_source", None)
+    same = callable(accepts) and accepts(stored_hash)
+    current = software_fingerprint(stored_hash if same else variant.source_hash(), rec.key.device.device_type)
     stale = rec.fingerprint.stale_reasons(current)
     if bad:
         domain = f"config out of domain: {'; '.join(bad)}"
