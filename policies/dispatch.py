@@ -22,8 +22,10 @@ variant as a black box). No graph breaks with ``fullgraph=True``.
 CUDA graphs: once a signature has been called (warm-up), its calls do no host synchronisation, no
 allocation of host memory beyond Python objects, no I/O and no logging — they can be captured.
 
-Failures: a variant that raises is quarantined for the process (warned once), its problem gets the
-safe fallback (torch SDPA, else eager) and the call is retried there.
+Failures: a variant that raises is retried on the safe fallback (torch SDPA, else eager); if that serves
+the call, the variant is quarantined for the process (warned once) and its problem keeps the fallback; if
+the fallback refuses the call too, the error is the caller's and is raised, nothing quarantined. torch's
+own SDPA is never quarantined (``_failed``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ from attntune.problem import (DTYPE_NAMES, AttentionProblem, canonical_mask, pro
 
 #: torch's own SDPA, captured when attntune's runtime is imported (before any patch of ours)
 _torch_sdpa = F.scaled_dot_product_attention
+#: the variant that is torch's own SDPA choice: the safe fallback's first choice, never quarantined
+_TORCH_OWN = "sdpa_default"
 
 # Bound once: module-global look-ups are the cheapest the hot path can do.
 _get = SLOTS.get
@@ -462,15 +466,26 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, *scales) -> Ten
     problem = slot.problem.resized(q.shape[0], q.shape[2], k.shape[2]) if slot.generic else slot.problem
     if _in_transform():
         return _failed_in_transform(plan, problem, error, q, k, v, kv_lens, scales)
-    if isinstance(error, (ValueError, TypeError)):
-        # Possibly about the arguments (values the signature cannot see), not the variant: the safe
-        # fallback decides. If it refuses them too, the caller gets the error and nothing is quarantined.
-        fb = fallback_plan(problem, plan.key, [], rt.quarantine)
-        try:
-            out = fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens, *scales)
-        except Exception:  # noqa: BLE001 — the arguments' fault: the variant's error is the clearer one
-            raise error from None
-        rt.quarantine_plan(plan, error, problem)
+    # Possibly the arguments' fault, not the variant's: values the signature cannot see, or inputs torch
+    # itself refuses (an inference-mode tensor in autograd) — any error type. The safe fallback decides: if it
+    # refuses the call too, the caller gets the error and nothing is quarantined (one bad call must not send
+    # every later call of the process to a slower implementation).
+    torch_own = plan.variant == _TORCH_OWN
+    # torch's own SDPA is the fallback's first choice: its failure is tried on eager (this call only)
+    skip = {(plan.variant, plan.config_json)} if torch_own else set()
+    fb = fallback_plan(problem, plan.key, [], rt.quarantine | skip)
+    try:
+        out = fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens, *scales)
+    except Exception:  # noqa: BLE001 — the arguments' fault: the variant's error is the clearer one
+        raise error from None
+    if torch_own:
+        # Never quarantined: torch's SDPA failing on one call (a backend the user switched off with
+        # sdpa_kernel, a torch bug at one shape) says nothing of the process's other calls, and eager — the
+        # only alternative — is O(S^2) in memory and many times slower. The call is served; said once.
+        rt.warn_once(f"torch-sdpa-failed:{type(error).__name__}",
+                     f"torch SDPA failed on {problem.short()} ({type(error).__name__}: "
+                     f"{str(error).splitlines()[0] if str(error) else ''}); that call was served by "
+                     f"{fb.variant} (later calls try torch SDPA again)")
         return out
     fb = rt.quarantine_plan(plan, error, problem)
     with rt.lock:
@@ -478,10 +493,7 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, *scales) -> Ten
         new.calls = slot.calls
         new.samples = slot.samples
         SLOTS[sig] = new
-    try:
-        return new.fn(q, k, v, new.problem, new.config, kv_lens, *scales)
-    except Exception as e2:
-        raise e2 from error
+    return out
 
 
 def _in_transform() -> bool:

@@ -711,22 +711,95 @@ def test_failing_plan_falls_back_and_is_quarantined(boom):
     assert s["quarantined"][0]["variant"] == boom.name
 
 
-def test_failing_sdpa_default_falls_back_to_eager(monkeypatch):
-    """When the failing plan *is* the usual fallback (torch SDPA), the fallback is eager."""
+def test_failing_sdpa_default_serves_the_call_on_eager_and_is_never_quarantined(monkeypatch):
+    """When the failing plan *is* torch's own SDPA (the fallback's first choice), eager serves that call,
+    said once; nothing is quarantined (eager is O(S^2) and many times slower: one failure must not send the
+    process's later calls there), and the next call tries torch SDPA again."""
     q, k, v = rand_qkv(2, 4, 2, 10, 10, 16)
     st = _user_store()
     st.upsert_winner(_record(q, k, v, "sdpa_default"))
     st.dispose()
+    real = registry.get("sdpa_default").run
+    fails = [2]
 
     def broken(*a, **kw):
-        raise RuntimeError("sdpa broke")
+        if fails[0]:
+            fails[0] -= 1
+            raise RuntimeError("sdpa broke")
+        return real(*a, **kw)
 
     monkeypatch.setattr(registry.get("sdpa_default"), "run", broken)
-    with pytest.warns(RuntimeWarning, match="sdpa broke"):
-        out = attntune.attention(q, k, v)
-    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, enable_gqa=True), atol=3e-5, rtol=1e-5)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        outs = [attntune.attention(q, k, v) for _ in range(3)]
+    msgs = _attntune_warnings(rec)
+    assert len(msgs) == 1 and "torch SDPA failed" in msgs[0] and "served by eager" in msgs[0], msgs
+    for out in outs:
+        torch.testing.assert_close(out, TORCH_SDPA(q, k, v, enable_gqa=True), atol=3e-5, rtol=1e-5)
+    assert fails == [0]  # the third call ran torch SDPA again, and it worked
     plan = attntune.explain(q, k, v)
-    assert (plan.source, plan.variant) == ("fallback", "eager")
+    assert (plan.source, plan.variant) == ("tuned", "sdpa_default")
+    assert attntune.stats()["quarantined"] == []
+
+
+class _Strict(Variant):
+    """torch's SDPA under another name: a tuned variant that refuses what torch refuses."""
+
+    name = "test_strict"
+    family = "test"
+
+    def supports(self, problem):
+        return []
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        return TORCH_SDPA(q, k, v, is_causal=problem.causal, enable_gqa=problem.group > 1)
+
+
+@pytest.mark.parametrize("tuned", [None, "test_strict"])
+def test_an_error_torch_itself_raises_is_the_callers_and_quarantines_nothing(tuned):
+    """An inference-mode tensor in a call that needs autograd: torch raises, and so does attntune — the
+    planned variant (torch's own SDPA, or a tuned one that refuses it too) is not quarantined for it, and
+    later valid calls keep their plans (audit: it sent every later call of the process to eager, 9x
+    slower)."""
+    q, k, v = rand_qkv(1, 2, 2, 6, 6, 8)
+    kg, vg = k.clone().requires_grad_(True), v.clone().requires_grad_(True)
+    registry.register(_Strict())
+    try:
+        if tuned:
+            st = _user_store()
+            st.upsert_winner(_record(q, kg, vg, tuned))
+            st.dispose()
+        with torch.inference_mode():
+            qi = q.clone()
+        with pytest.raises(RuntimeError) as want:
+            TORCH_SDPA(qi, kg, vg)
+        with pytest.raises(RuntimeError) as got:
+            attntune.attention(qi, kg, vg)
+        assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]
+        with attntune.dispatch():
+            with pytest.raises(RuntimeError):
+                F.scaled_dot_product_attention(qi, kg, vg)
+        assert attntune.stats()["quarantined"] == []
+        assert attntune.explain(q, kg, vg).variant == (tuned or "sdpa_default")
+        out = attntune.attention(q, kg, vg)
+        torch.testing.assert_close(out, TORCH_SDPA(q, kg, vg), atol=3e-5, rtol=1e-5)
+    finally:
+        registry.unregister(_Strict.name)
+
+
+def test_a_users_sdpa_kernel_block_does_not_outlive_itself():
+    """Inside a user's ``sdpa_kernel`` restriction torch's SDPA may refuse a call (on the CPU, the efficient
+    backend alone: no viable backend): attntune serves it, and after the block every call is planned as
+    before — nothing quarantined."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = rand_qkv(1, 2, 2, 9, 9, 16)
+    with pytest.warns(RuntimeWarning, match="torch SDPA failed"):
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), attntune.dispatch():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, is_causal=True), atol=3e-5, rtol=1e-5)
+    assert attntune.stats()["quarantined"] == []
+    assert attntune.explain(q, k, v, causal=True).variant == "sdpa_default"
 
 
 def test_failure_of_the_fallback_itself_raises(monkeypatch):
