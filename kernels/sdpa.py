@@ -15,6 +15,7 @@ selected by setting torch's global SDPA flags around the call and restoring them
 
 from __future__ import annotations
 
+import threading
 from typing import List, Optional
 
 import torch
@@ -44,19 +45,38 @@ _CUDNN_SETUP_WHY = ("cuDNN builds an execution graph per new shape (35-54 ms at 
                     "H200): not for decode, whose KV length changes every step")
 
 
+#: Serialises the save / set / call / restore of torch's process-wide backend flags: without it two threads
+#: interleave, and the later restore writes the other thread's temporary state back for good (audit: a
+#: process left with only the math or only the flash backend, so plain torch SDPA raised "No available
+#: kernel"). Re-entrant: torch function modes may route a call back here. Held for the call's host time only
+#: (GPU launches are asynchronous). Another thread calling torch SDPA meanwhile still sees the switched
+#: flags — they are torch's, process-wide; torch's own ``sdpa_kernel`` has the same property.
+_FLAGS_LOCK = threading.RLock()
+
+
 def _sdpa_with(enabled: frozenset, q, k, v, kwargs):
-    """torch SDPA with only the backends in ``enabled`` allowed (global flags set, then restored)."""
-    if not _RAW_FLAGS:
-        with sdpa_kernel(list(enabled)):
+    """torch SDPA with only the backends in ``enabled`` allowed (global flags set, then restored) — and of
+    those only what the process allows now: a backend the user switched off (``torch.backends.cuda.enable_*``
+    or a ``sdpa_kernel`` block) is never switched back on. None left: RuntimeError (the caller's fallback
+    decides)."""
+    with _FLAGS_LOCK:
+        if not _RAW_FLAGS:
+            with sdpa_kernel(list(enabled)):
+                return _torch_sdpa(q, k, v, **kwargs)
+        saved = [get() for _, get, _ in _FLAGS]
+        allowed = {be for (be, _, _), on in zip(_FLAGS, saved) if on and be in enabled}
+        if not allowed:
+            names = ", ".join(sorted(be.name for be in enabled))
+            raise RuntimeError(f"torch SDPA backend {names} is switched off in this process "
+                               "(torch.backends.cuda.enable_*_sdp or a sdpa_kernel block)")
+        try:
+            for be, _, set_ in _FLAGS:
+                set_(be in allowed)
             return _torch_sdpa(q, k, v, **kwargs)
-    saved = [get() for _, get, _ in _FLAGS]
-    try:
-        for be, _, set_ in _FLAGS:
-            set_(be in enabled)
-        return _torch_sdpa(q, k, v, **kwargs)
-    finally:
-        for (_, _, set_), was in zip(_FLAGS, saved):
-            set_(was)
+        finally:
+            for (_, _, set_), was in zip(_FLAGS, saved):
+                set_(was)
+
 
 # torch's own SDPA, bound at import: while ``attntune.dispatch()`` patches
 # ``F.scaled_dot_product_attention``, these variants must still call torch's, not re-enter attntune.
@@ -69,9 +89,12 @@ class SdpaVariant(Variant):
     family = "sdpa"
     space_depends_on_lengths = False  # no tunables
     source_modules = ("attntune.kernels.sdpa", "attntune.kernels.masks")
-    # Rows written before the support probe moved to attntune.kernels.sdpa_probe (its GPU mask fix): this
-    # module's run path — what those rows measured — did not change (base.Variant.equivalent_sources)
-    equivalent_sources = {h: "the support probe moved to sdpa_probe; run path unchanged" for h in (
+    # Rows written before 2026-12-05's two changes, neither of which moves what a row recorded
+    # (base.Variant.equivalent_sources): the support probe moved to attntune.kernels.sdpa_probe (which
+    # problems a backend is offered, not how it runs), and _sdpa_with took a lock and keeps backends the user
+    # switched off — under tuning (one thread, every backend on) the same backend runs the same call; an
+    # uncontended lock is ~0.1 µs against calls of microseconds and more
+    equivalent_sources = {h: "support probe moved out; flag lock (same backend, same call)" for h in (
         "20cd2aa7960935e1", "f5e69bedc2bb69b0", "4374dd162bd70809", "5c67b698f603b478", "b5570c9b38c9fe8d")}
 
     def __init__(self, name: str, backend: Optional[SDPBackend], description: str,

@@ -93,3 +93,61 @@ def test_registry_names_unique_and_env_filters(monkeypatch):
     monkeypatch.delenv("ATTNTUNE_VARIANTS")
     monkeypatch.setenv("ATTNTUNE_TRITON", "0")
     assert all(c.family != "triton" for c in registry.candidates(p))
+
+
+def test_forced_backends_restore_torchs_flags_when_two_threads_interleave(monkeypatch):
+    """Thread A forces one backend and is inside torch's call when thread B forces another: without
+    serialisation B saves A's temporary flags and restores them last, leaving the process with one backend
+    for good (audit: plain torch SDPA then raised "No available kernel"). B must wait for A instead."""
+    import threading
+    from torch.nn.attention import SDPBackend
+
+    from attntune.kernels import sdpa
+
+    flags = lambda: [get() for _, get, _ in sdpa._FLAGS]  # noqa: E731
+    before = flags()
+    a_inside, b_inside, a_returned = threading.Event(), threading.Event(), threading.Event()
+
+    def fake(q, k, v, **kw):
+        if threading.current_thread().name == "A":
+            a_inside.set()
+            b_inside.wait(0.5)  # B entering now would be the race; with the lock it cannot
+        else:
+            b_inside.set()
+            a_returned.wait(2.0)
+        return q
+
+    monkeypatch.setattr(sdpa, "_torch_sdpa", fake)
+    q = torch.zeros(1, 1, 2, 4)
+
+    def a():
+        sdpa._sdpa_with(frozenset({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION}), q, q, q, {})
+        a_returned.set()
+
+    def b():
+        a_inside.wait(2.0)
+        sdpa._sdpa_with(frozenset({SDPBackend.MATH}), q, q, q, {})
+
+    ts = [threading.Thread(target=a, name="A"), threading.Thread(target=b, name="B")]
+    [t.start() for t in ts]
+    [t.join(5.0) for t in ts]
+    assert flags() == before
+
+
+def test_a_backend_the_user_switched_off_is_never_switched_back_on():
+    from attntune.kernels import sdpa
+
+    q, k, v = rand_qkv(1, 2, 2, 7, 7, 16)
+    p = problem_from_tensors(q, k, v, causal=True)
+    was = torch.backends.cuda.flash_sdp_enabled()
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        with pytest.raises(RuntimeError, match="FLASH_ATTENTION is switched off"):
+            registry.get("sdpa_flash").run(q, k, v, p, {})
+        out = registry.get("sdpa_math").run(q, k, v, p, {})
+        assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+        assert sdpa._FLAGS_LOCK.acquire(blocking=False)  # released
+        sdpa._FLAGS_LOCK.release()
+    finally:
+        torch.backends.cuda.enable_flash_sdp(was)
+    assert_close(out, reference_attention(q, k, v, p), "float32", what="sdpa_math with flash off")
