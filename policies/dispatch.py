@@ -169,7 +169,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         sig = (_DROPIN, query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
                query.device, key.device, value.device, is_causal, scale, enable_gqa, grad, _numerics(query))
         slot = _get(sig)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable, strided nested tensors
         return _torch_sdpa(query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
     if slot is None:
         slot = _dropin_slot(sig, query, key, value, is_causal, scale, enable_gqa, grad)

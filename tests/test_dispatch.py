@@ -1185,3 +1185,27 @@ def test_reset_while_other_threads_resolve_new_shapes_never_deadlocks(tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail("reset() racing new-shape calls did not finish in 90 s")
     assert p.returncode == 0 and p.stdout.startswith("OK"), (p.stdout, p.stderr[-2000:])
+
+
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_nested_tensors_go_to_torch_through_the_dropin(layout):
+    """torch's SDPA takes nested tensors ([B, H, (S), D]); the drop-in hands them over as they are (audit:
+    the strided layout's sizes raise RuntimeError, which the drop-in did not catch)."""
+    g = torch.Generator().manual_seed(0)
+
+    def nt():
+        if layout == torch.strided:  # [B, H, (S), D] directly
+            return torch.nested.nested_tensor([torch.randn(4, s, 16, generator=g) for s in (3, 5)])
+        # jagged nests [B, (S), H, D]: SDPA takes its transpose [B, H, (S), D]
+        parts = [torch.randn(s, 4, 16, generator=g) for s in (3, 5)]
+        return torch.nested.nested_tensor(parts, layout=torch.jagged).transpose(1, 2)
+
+    q, k, v = nt(), nt(), nt()
+    want = TORCH_SDPA(q, k, v)
+    got = attntune.scaled_dot_product_attention(q, k, v)
+    with attntune.dispatch():
+        got2 = F.scaled_dot_product_attention(q, k, v)
+    for out in (got, got2):
+        assert out.is_nested
+        for a, b in zip(out.unbind(), want.unbind()):
+            torch.testing.assert_close(a, b)
