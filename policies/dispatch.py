@@ -687,14 +687,30 @@ def _patched_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional
         _guard.active = False
 
 
+def _torchscript_sees_torchs() -> None:
+    """TorchScript compiles what ``F.scaled_dot_product_attention`` names when a module is scripted: while
+    patched, that was :func:`_patched_sdpa`, which it cannot compile (a ``try`` block) — ``torch.jit.script``
+    of a stock ``nn.MultiheadAttention`` inside ``dispatch()`` failed, and the failure left TorchScript's
+    compilation unit broken for the process. Registered as the builtin of torch's own op, scripted code
+    calls ``aten::scaled_dot_product_attention`` (torch's SDPA: a scripted module runs without Python, so
+    without attntune, and saves as usual). Best effort: a torch without this table scripts as before."""
+    try:
+        from torch.jit import _builtins
+
+        _builtins._register_builtin(_patched_sdpa, "aten::scaled_dot_product_attention")
+    except Exception:  # noqa: BLE001 — a private table: its absence must not break dispatch()
+        pass
+
+
 def enable() -> None:
     """Route ``torch.nn.functional.scaled_dot_product_attention`` through attntune until the matching
     :func:`disable`. Re-entrant (a depth counter) and thread-safe; the patch is process-wide, so it
     affects every thread. Code that bound the function earlier (``from torch.nn.functional import
-    scaled_dot_product_attention``) keeps torch's."""
+    scaled_dot_product_attention``) keeps torch's; TorchScript compiles torch's own op in its place."""
     global _depth, _saved
     with _PATCH_LOCK:
         if _depth == 0:
+            _torchscript_sees_torchs()
             current = F.scaled_dot_product_attention
             _saved = _torch_sdpa if current is _patched_sdpa else current
             F.scaled_dot_product_attention = _patched_sdpa

@@ -1209,3 +1209,21 @@ def test_nested_tensors_go_to_torch_through_the_dropin(layout):
         assert out.is_nested
         for a, b in zip(out.unbind(), want.unbind()):
             torch.testing.assert_close(a, b)
+
+
+def test_torchscript_inside_dispatch_compiles_torchs_sdpa(tmp_path):
+    """torch.jit.script of a stock module inside dispatch() compiled the patched F.sdpa (a Python function it
+    cannot compile: the script failed, and the failure broke TorchScript for the rest of the process, audit).
+    It now compiles torch's own op: the scripted module runs, equals the module, and saves."""
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    with attntune.dispatch():
+        scripted = torch.jit.script(mha)
+        got = scripted(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(got, mha(x, x, x, need_weights=False)[0])
+    torch.jit.save(scripted, str(tmp_path / "mha.pt"))
+    layer = torch.jit.script(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True).eval())  # still works
+    assert layer(x).shape == x.shape
