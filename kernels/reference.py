@@ -9,9 +9,12 @@ import torch
 from attntune.kernels.masks import build_mask
 from attntune.problem import AttentionProblem
 
-# A finite stand-in for -inf: fully masked rows then give a finite softmax that the row mask zeroes,
-# so neither the output nor the gradient ever sees NaN.
-_NEG = -1e30
+# Masked scores are -inf, not a finite stand-in: with a large negative scale the admissible scores
+# themselves fall below any finite floor (scale -1e30: every score about -8e30), and a masked key then
+# outweighed them (audit: row 0 of a causal call attended to future keys). Rows without an admissible key
+# (all -inf: softmax NaN) are replaced by zeros with ``where`` — the NaN reaches neither the output nor,
+# through masked_fill's backward (zero at masked positions), any gradient.
+_NEG = float("-inf")
 
 
 def expand_kv(k: torch.Tensor, v: torch.Tensor, group: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -36,7 +39,7 @@ def masked_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         row_ok = mask.any(dim=-1, keepdim=True)
     p = torch.softmax(s, dim=-1)
     if mask is not None:
-        p = p * row_ok
+        p = torch.where(row_ok, p, p.new_zeros(()))
     out = torch.matmul(p.to(cd), v.to(cd))
     if not return_lse:
         return out

@@ -151,3 +151,28 @@ def test_a_backend_the_user_switched_off_is_never_switched_back_on():
     finally:
         torch.backends.cuda.enable_flash_sdp(was)
     assert_close(out, reference_attention(q, k, v, p), "float32", what="sdpa_math with flash off")
+
+
+def test_eager_masks_exactly_at_extreme_negative_scales_and_empty_rows_stay_finite():
+    """Masked scores are -inf in the eager variant (the safe fallback, and the CPU's choice for causal
+    calls with scale <= 0): a finite floor (-1e30) let masked keys outweigh admissible scores below it
+    (audit: scale -1e30, row 0 attended to future keys). Rows without any admissible key stay zeros with
+    finite gradients."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.ones(1, 1, 4, 8, dtype=torch.float64)
+    v = torch.arange(4.0, dtype=torch.float64).view(1, 1, 4, 1).expand(1, 1, 4, 8).contiguous()
+    p = problem_from_tensors(q, q, v, causal=True, scale=-1e30)
+    out = registry.get("eager").run(q, q, v, p, {})
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q, q, v, is_causal=True, scale=-1e30)
+    torch.testing.assert_close(out, ref)
+    assert out[0, 0, :, 0].tolist() == [0.0, 0.5, 1.0, 1.5]
+    # causal bottom-right with Sq > Skv: the first Sq - Skv rows see no key
+    q, k, v = rand_qkv(2, 4, 2, 9, 5, 16, requires_grad=True, seed=5)
+    p = problem_from_tensors(q, k, v, causal=True)
+    out = registry.get("eager").run(q, k, v, p, {})
+    assert out[:, :, :4].abs().max() == 0
+    out.square().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert q.grad[:, :, :4].abs().max() == 0
