@@ -31,6 +31,7 @@ own SDPA is never quarantined (``_failed``).
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 from collections import deque
@@ -141,7 +142,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
-                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, *, scale: Optional[float] = None,
                                  enable_gqa: bool = False) -> Tensor:
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` with exactly its signature and
     semantics: ``is_causal`` is aligned **top-left** (row ``i`` sees keys ``j <= i``), ``enable_gqa``
@@ -159,7 +160,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         if dt is not None:  # torch's autocast semantics, applied before the plan (see attention())
             with torch.autocast(query.device.type, enabled=False):
                 return scaled_dot_product_attention(_autocast_cast(query, dt), _autocast_cast(key, dt),
-                                                    _autocast_cast(value, dt), None, 0.0, is_causal, scale, enable_gqa)
+                                                    _autocast_cast(value, dt), None, 0.0, is_causal, scale=scale,
+                                                    enable_gqa=enable_gqa)
     if _is_compiling():
         if not _dropin_ok(query, key, value, enable_gqa):
             return _torch_sdpa(query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -249,7 +251,8 @@ def _autocast_cast(t, dtype: torch.dtype):
 def _check_scalars(causal, scale, approx=None) -> None:
     if not isinstance(causal, (bool, int)):
         raise ValueError(f"causal: expected a bool, got {type(causal).__name__}")
-    if scale is not None and not isinstance(scale, (int, float)):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        # a bool is an int to Python (True would be a scale of 1.0); numpy's float32 is not a float
         raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
     if scale is not None and not math.isfinite(scale):
         # a NaN or infinite scale makes every output NaN (or a hard max): a bug upstream, named here
@@ -436,7 +439,7 @@ def _dropin_ok(q, k, v, enable_gqa: bool) -> bool:
 
 def _dropin_slot(sig, q, k, v, is_causal, scale, enable_gqa, grad) -> Slot:
     rt = _runtime.get()
-    if rt.config.disabled or not _dropin_ok(q, k, v, enable_gqa) or not isinstance(is_causal, (bool, int)) \
+    if rt.config.disabled or not _dropin_ok(q, k, v, enable_gqa) or not isinstance(is_causal, bool) \
             or not (scale is None or isinstance(scale, (int, float)) and math.isfinite(scale)):
         # what attntune.attention refuses (a non-finite scale, odd types) the drop-in hands to torch as is
         causal_, scale_, gqa_ = is_causal, scale, enable_gqa
@@ -672,17 +675,19 @@ _guard = threading.local()
 
 
 def _patched_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
-                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, *, scale: Optional[float] = None,
                   enable_gqa: bool = False) -> Tensor:
     """What ``F.scaled_dot_product_attention`` is while patched: the drop-in, except that an SDPA call
     made *by* a variant (re-entry on the same thread) goes to torch's own SDPA — no recursion."""
     if _is_compiling():
-        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                            enable_gqa=enable_gqa)
     if getattr(_guard, "active", False):
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     _guard.active = True
     try:
-        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                            enable_gqa=enable_gqa)
     finally:
         _guard.active = False
 

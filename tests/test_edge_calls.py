@@ -322,3 +322,25 @@ def test_dequantize_names_a_scale_of_the_wrong_shape():
         with pytest.raises(ValueError, match="scale: expected"):
             fp8.dequantize(k8, bad)
     assert fp8.dequantize(k8, torch.ones(3)).shape == (1, 3, 4, 8)
+
+
+def test_scalar_arguments_and_the_dropin_signature_as_torchs():
+    """attention(): a bool scale is refused naming it (True was taken as 1.0, while bool window sides were
+    refused); a numpy float32 is a number like a float64 (it was refused). The drop-in has torch's
+    signature: ``scale``/``enable_gqa`` keyword-only and ``is_causal`` a bool — what torch refuses, it
+    refuses with torch's error (audit: both were accepted)."""
+    import numpy as np
+
+    q, k, v = rand_qkv(1, 2, 2, 5, 5, 8)
+    with pytest.raises(ValueError, match="scale: expected a float or None, got bool"):
+        attntune.attention(q, k, v, scale=True)
+    torch.testing.assert_close(attntune.attention(q, k, v, scale=np.float32(0.5)),
+                               attntune.attention(q, k, v, scale=0.5))
+    for call in (lambda f: f(q, k, v, None, 0.0, False, 0.5), lambda f: f(q, k, v, is_causal=1)):
+        with pytest.raises(TypeError) as want:
+            call(F.scaled_dot_product_attention)
+        with pytest.raises(TypeError) as got:
+            call(attntune.scaled_dot_product_attention)
+        assert type(got.value) is type(want.value)
+        with attntune.dispatch(), pytest.raises(TypeError):
+            call(F.scaled_dot_product_attention)
