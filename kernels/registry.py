@@ -33,6 +33,11 @@ def _causal_nonpositive_scale(p: AttentionProblem) -> bool:
     return p.causal and p.scale is not None and p.scale <= 0
 
 
+def _bf16_under_triton_interpreter(p: AttentionProblem) -> bool:
+    # Read per call, not at import: tests and users switch the interpreter on in the environment.
+    return p.dtype == "bfloat16" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
 #: Known wrong results (each found by a test that compares against the float64 reference).
 QUIRKS: Tuple[Quirk, ...] = (
     # torch 2.13 CPU: the flash kernel (SDPA's CPU default) fills masked scores with -inf times the scale:
@@ -44,6 +49,12 @@ QUIRKS: Tuple[Quirk, ...] = (
     # backends are right. Kept on ROCm as well (its flash kernel is untested here: no AMD GPU).
     Quirk(frozenset({"sdpa_default", "sdpa_flash", "sdpa_cudnn"}), frozenset({"cuda"}), _causal_nonpositive_scale,
           "torch's CUDA flash and cuDNN kernels return NaN for is_causal with a scale <= 0 (seen with torch 2.11)"),
+    # Triton's interpreter (TRITON_INTERPRET=1: how Triton kernels run without a GPU) computes bfloat16
+    # tl.dot wrong — errors of 1e8 and more with Triton 3.6-3.9 (DESIGN.md; benchmarks/diag_split_d.py
+    # runs its CPU smoke in float16 for this reason): the Triton variants are kept from such calls there
+    Quirk(frozenset({"triton_flash", "triton_local", "triton_decode"}), frozenset({"cpu"}),
+          _bf16_under_triton_interpreter,
+          "Triton's interpreter computes bfloat16 dots wrong (TRITON_INTERPRET=1, seen with Triton 3.6-3.9)"),
 )
 
 

@@ -344,3 +344,17 @@ def test_scalar_arguments_and_the_dropin_signature_as_torchs():
         assert type(got.value) is type(want.value)
         with attntune.dispatch(), pytest.raises(TypeError):
             call(F.scaled_dot_product_attention)
+
+
+def test_triton_variants_are_kept_from_bf16_under_the_interpreter(monkeypatch):
+    """Triton's interpreter computes bf16 dots wrong (errors of 1e8): a fixed Triton policy under it falls
+    back for bf16 calls, with the reason, instead of returning garbage; fp16 keeps the Triton variant."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v = rand_qkv(1, 2, 2, 33, 33, 16)
+    p16 = problem_from_tensors(q.half(), k.half(), v.half(), causal=True)
+    pbf = problem_from_tensors(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True)
+    for name in ("triton_flash", "triton_local", "triton_decode"):
+        assert any("interpreter computes bfloat16 dots wrong" in r for r in registry.reasons(registry.get(name), pbf))
+    assert not registry.reasons(registry.get("triton_flash"), p16)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not any("interpreter" in r for r in registry.reasons(registry.get("triton_flash"), pbf))
