@@ -117,7 +117,7 @@ class Variant(abc.ABC):
     #: Source hashes of earlier versions whose rows stay valid, each with why. Only for a change that cannot
     #: move what a row records (its winner's output and time) yet touched a hashed module — e.g. code that
     #: decides which problems a variant is *offered* moving out of it. Reviewed by hand, never automatic; a
-    #: change to the run path never goes here (its rows must re-tune).
+    #: change that could move a row's output or time never goes here (its rows must re-tune).
     equivalent_sources: ClassVar[Dict[str, str]] = {}
     #: False when ``space(problem)`` depends only on what a plan's family fixes exactly (dtype, head
     #: dims, heads, mask kind, mode, device — not batch or sequence lengths): a config valid for one
