@@ -147,3 +147,37 @@ def test_gpu_bf16_logits_as_close_to_float32_as_the_models_own_backend(model_typ
         theirs = models[reference](ids).logits.float()
     err_ours, err_theirs = (ours - ref).abs().max().item(), (theirs - ref).abs().max().item()
     assert err_ours <= 2 * err_theirs + 1e-2, (err_ours, err_theirs)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gemma3_text", "mixtral", "exaone4"])
+def test_compiled_static_generation_matches_the_models_sdpa_graph_for_graph(model_type):
+    """transformers' automatic compilation of the static-cache decode step (forced on the CPU, dynamo's eager
+    backend) for families beyond Llama/Mistral — sliding windows on every layer (Mixtral), hybrid sliding and
+    full layers (Gemma 3, EXAONE 4), a full model whose config names a window it does not use (Qwen2): as many
+    graphs as HF's SDPA path, no graph break, the same tokens, and the decode served by attntune with
+    ``kv_lens`` (tests/test_hf.py has the Llama/Mistral version with the symbolic-position check)."""
+    from torch._dynamo.utils import counters
+    from transformers.generation.configuration_utils import CompileConfig
+
+    ours, ref = _pair(model_type, "sdpa")
+    ids = _ids(seq=9)
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(ids),
+              cache_implementation="static")
+    got = {}
+    for name, m in (("sdpa", ref), ("attntune", ours)):
+        cc = CompileConfig(backend="eager", fullgraph=False)
+        cc._compile_all_devices = True  # transformers compiles on CUDA/XPU only unless told
+        m.generation_config.compile_config = cc
+        torch._dynamo.reset()
+        counters.clear()
+        plans0 = {p["key_id"]: p["calls"] for p in attntune.stats()["plans"]}
+        with torch.no_grad():
+            outs = [m.generate(ids, **kw) for _ in range(2)]  # two generates: a recompile would show
+        served = [p for p in attntune.stats()["plans"] if p["calls"] > plans0.get(p["key_id"], 0)]
+        got[name] = (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()), outs, served)
+    torch._dynamo.reset()
+    assert got["sdpa"][0] >= 1, "transformers did not compile the decode step: the test proves nothing"
+    assert got["attntune"][:2] == got["sdpa"][:2] and got["attntune"][1] == 0, (got["attntune"][:2], got["sdpa"][:2])
+    for a, r in zip(got["attntune"][2], got["sdpa"][2]):
+        assert torch.equal(a, r)
+    assert any("S1x" in p["problem"] and "kv_lens" in p["problem"] for p in got["attntune"][3]), got["attntune"][3]
