@@ -44,12 +44,17 @@ def _int(field: str, raw: str) -> int:
         raise ShapeSpecError(f"field {field}: expected an integer, got {raw!r}") from None
 
 
+#: the largest size a field takes: kernels index lengths and heads in 32-bit integers, and a size past
+#: int64 crashed deep in torch (``randn``: "Overflow when unpacking long long") instead of naming the field
+MAX_SIZE = 2**31 - 1
+
+
 def _pos(field: str, raw: str) -> int:
-    """A size or length: >= 1 (``sq=0`` was tuned and stored as an "S0x0" key, a call that never needs a
-    plan: attention() returns empty results for it without one)."""
+    """A size or length: 1 .. MAX_SIZE (``sq=0`` was tuned and stored as an "S0x0" key, a call that never needs
+    a plan: attention() returns empty results for it without one)."""
     val = _int(field, raw)
-    if val < 1:
-        raise ShapeSpecError(f"field {field}: expected an integer >= 1, got {raw!r}")
+    if not 1 <= val <= MAX_SIZE:
+        raise ShapeSpecError(f"field {field}: expected an integer from 1 to {MAX_SIZE}, got {raw!r}")
     return val
 
 
@@ -69,8 +74,8 @@ def _window(field: str, raw: str):
     if len(parts) != 2:
         raise ShapeSpecError(f"field {field}: expected LEFT:RIGHT (e.g. 256:0, -1 = unbounded), got {raw!r}")
     left, right = (_int(field, x) for x in parts)
-    if left < -1 or right < -1:
-        raise ShapeSpecError(f"field {field}: sides must be >= 0 or -1 (unbounded), got {raw!r}")
+    if left < -1 or right < -1 or max(left, right) > MAX_SIZE:
+        raise ShapeSpecError(f"field {field}: sides must be 0 to {MAX_SIZE} or -1 (unbounded), got {raw!r}")
     return (left, right)
 
 

@@ -37,7 +37,7 @@ def _missing_file(url: str) -> bool:
 
 def user_cache_url() -> str:
     """``ATTNTUNE_CACHE`` (path or URL), else ``$XDG_CACHE_HOME/attntune/cache.db`` (~/.cache/…)."""
-    env = os.environ.get("ATTNTUNE_CACHE")
+    env = (os.environ.get("ATTNTUNE_CACHE") or "").strip()  # " " is unset, not a file named " "
     if env:
         return env
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

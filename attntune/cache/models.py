@@ -222,7 +222,8 @@ def judge(raw: Dict[str, Any], origin: str, variants: Optional[VariantLookup] = 
     key_id = str(raw.get("key_id", "?"))
     try:
         rec = row_to_record(raw)
-    except (ValidationError, ValueError, TypeError, KeyError, AttributeError) as e:
+    except (ValidationError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+        # (RecursionError: JSON nested past the parser's depth — one such row must not take its layer down)
         msg = _first_error(e)
         return CachedRow(key_id=key_id, origin=origin, status="rejected", reasons=[f"malformed row: {msg}"])
     if rec.key_id != key_id:

@@ -8,6 +8,7 @@ therefore import them inside the command functions — typer needs only the sign
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
@@ -43,9 +44,12 @@ def _global_options(
         None, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
     ),
     debug: bool = typer.Option(
-        False, "--debug", envvar="ATTNTUNE_DEBUG", help="Show the full traceback when a command fails."
+        False, "--debug", help="Show the full traceback when a command fails (also ATTNTUNE_DEBUG=1)."
     ),
 ) -> None:
+    # ATTNTUNE_DEBUG read here, not as the option's envvar: click refused a value it cannot parse as a bool
+    # ("maybe", "2") with a usage error, so a junk value broke every command; here it means "off"
+    debug = debug or os.environ.get("ATTNTUNE_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
     ctx.meta[DEBUG_KEY] = debug
     if not debug:
         _one_line_warnings()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
@@ -126,11 +127,13 @@ def open_target(url: str) -> "CacheStore":
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def write_output(path: "os.PathLike | str", text: str, layers: "Optional[LayeredCache]" = None) -> None:
+def write_output(path: "os.PathLike | str", text: str, layers: "Optional[LayeredCache]" = None) -> bool:
     """Write a command's output file (``export``, ``report --out``) safely: never over a cache (one of
     ``layers``' files, or any SQLite database — ``export cache.db --cache cache.db`` replaced the cache
     with JSON, every row lost), and atomically (a temporary file renamed into place: an interrupted
-    write leaves the old file). Raises CliError naming the file."""
+    write leaves the old file). ``-``, devices and FIFOs are written into as streams. Returns True for a regular
+    file, False for a stream (whose reader must not get the command's own messages: they go to stderr).
+    Raises CliError naming the file."""
     from pathlib import Path
 
     from sqlalchemy.engine import make_url
@@ -146,6 +149,26 @@ def write_output(path: "os.PathLike | str", text: str, layers: "Optional[Layered
             raise CliError(f"{path}: is the {label} cache itself; choose another output file")
     if target.is_dir():
         raise CliError(f"{path}: is a directory")
+    if str(path) == "-":  # standard output, as the usual convention
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return False
+    try:
+        mode = os.stat(out).st_mode  # follows links: /dev/stdout is a link to a pipe or a terminal
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise CliError(f"{path}: cannot be written ({e.strerror or e})") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        # A device, FIFO or socket (/dev/null, /dev/stdout, a named pipe): written into, as a shell
+        # redirection would — never replaced by a regular file (as root, `export /dev/null` replaced the
+        # device node with JSON), and never read first (opening a FIFO to sniff for SQLite blocked forever)
+        try:
+            with open(out, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise CliError(f"{path}: cannot be written ({e.strerror or e})") from None
+        return False
     try:
         with open(target, "rb") as f:
             if f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC:
@@ -159,6 +182,7 @@ def write_output(path: "os.PathLike | str", text: str, layers: "Optional[Layered
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise CliError(f"{path}: cannot be written ({e.strerror or e})") from None
+    return True
 
 
 def _reason(e: BaseException) -> str:

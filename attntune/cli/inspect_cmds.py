@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from attntune.cli import app
-from attntune.cli.common import (LAYER_ORDER, CliError, check_cache_option, console, fmt_config, fmt_ms,
+from attntune.cli.common import (LAYER_ORDER, CliError, check_cache_option, console, err_console, fmt_config, fmt_ms,
                                  layer_failures, more_line, open_target, read_layers, record_matches, row_json,
                                  user_layer_missing, write_output)
 
@@ -68,7 +68,7 @@ def show(
     for col in ("key", "arch", "variant", "config", "time", "TFLOP/s", "vs SDPA", "runner-up", "status", "from"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(*_show_cells(r))
+        table.add_row(*map(escape, _show_cells(r)))  # cached text is data, never rich markup
     console.print(table)
     hidden = Counter(r.status for r in matching if status != "all" and r.status != status)
     if hidden:
@@ -116,11 +116,12 @@ def export_cmd(
     left = Counter(r.status for r in effective.values() if r.status not in keep or r.record is None)
     doc = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
            "records": [json.loads(rec.model_dump_json()) for rec in recs]}
-    write_output(file, json.dumps(doc, indent=1), layers)
-    console.print(f"exported {len(recs)} rows to {file}")
+    # a stream's reader (export -, a pipe) gets the JSON only: the command's own lines go to stderr
+    say = console if write_output(file, json.dumps(doc, indent=1), layers) else err_console
+    say.print(f"exported {len(recs)} rows to {file}", markup=False)
     if left:
         hint = "; --include-stale exports the stale ones" if left["stale"] and not include_stale else ""
-        console.print(f"left out: {', '.join(f'{n} {s}' for s, n in sorted(left.items()))}{hint}")
+        say.print(f"left out: {', '.join(f'{n} {s}' for s, n in sorted(left.items()))}{hint}")
 
 
 def _same_row(stored: Dict[str, Any], rec) -> bool:
@@ -151,8 +152,9 @@ def import_cmd(
 
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CliError(f"{file}: not valid JSON ({e})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as e:
+        # (ValueError: an integer past Python's digit limit; RecursionError: nesting past the parser's depth)
+        raise CliError(f"{file}: not valid JSON ({type(e).__name__}: {str(e)[:120]})") from None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT or not isinstance(doc.get("records"), list):
         raise CliError(f"{file}: not an attntune export (expected format={EXPORT_FORMAT!r} with records)")
     version = doc.get("version", 0)
@@ -199,7 +201,7 @@ def import_cmd(
     console.print(f"imported {written} rows into {target.shown}; {kept} kept (existing row faster); "
                   + (f"{same} already there; " if same else "") + f"{len(rejected)} rejected")
     for r in rejected:
-        console.print(f"  [yellow]rejected[/yellow] {r}")
+        console.print(f"  [yellow]rejected[/yellow] {escape(r)}")
     if rejected and not written and not kept and not same:
         raise CliError(f"{file}: every record was rejected; nothing imported")
 

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from attntune.cli import app
-from attntune.cli.common import console, read_layers, write_output
+from attntune.cli.common import console, err_console, read_layers, write_output
 
 PLOTS_HINT = "pip install 'attntune[plots]'"
 
@@ -32,8 +32,10 @@ def report(
     layers, effective = read_layers(cache, system)
     rows = list(effective.values())
     page = render_report(rows, sources=[st.shown for _, st in layers.layers], include_stale=include_stale)
-    write_output(out, page, layers)
-    console.print(f"wrote {out} ({len(rows)} keys, {out.stat().st_size // 1024} KiB)")
+    if write_output(out, page, layers):
+        console.print(f"wrote {out} ({len(rows)} keys, {out.stat().st_size // 1024} KiB)", markup=False)
+    else:  # a stream (-, a pipe): its reader gets the page only
+        err_console.print(f"wrote {out} ({len(rows)} keys, {len(page) // 1024} KiB)", markup=False)
     if not plots_available():
         console.print(f"no plots: matplotlib is not installed ({PLOTS_HINT}); the tables are complete",
                       markup=False, highlight=False)

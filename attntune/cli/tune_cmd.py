@@ -10,6 +10,7 @@ import signal
 from typing import Dict, List, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from attntune.cli import app
@@ -139,14 +140,14 @@ def _summary(results) -> Table:
         status = (
             r.status if not r.reason or r.status == "tuned" else f"{r.status}: {r.reason.splitlines()[0]}"
         )
-        t.add_row(
-            r.key.short(),
-            rec.variant if rec else "-",
+        t.add_row(  # key text, variant names and error messages are data, never rich markup
+            escape(r.key.short()),
+            escape(rec.variant) if rec else "-",
             fmt_ms(rec.median_ms, rec.spread, rec.measured_busy) if rec else "-",
             f"{sp:.2f}x" if sp else "-",
             str(r.trials if r.status != "skipped" else (rec.trials if rec else 0)),
             str(r.failed),
-            status,
+            escape(status),
         )
     return t
 
@@ -293,7 +294,7 @@ def tune(
         results, interrupted = e.results, True
     except FatalDeviceError as e:
         err_console.print(
-            f"[red]{e}[/red]\nThe failing config is recorded as a failed trial; run the same "
+            f"[red]{escape(str(e))}[/red]\nThe failing config is recorded as a failed trial; run the same "
             "command again to continue in a fresh process."
         )
         raise typer.Exit(1)
@@ -322,7 +323,7 @@ def tune(
             store.dispose()
             console.print(f"cleared {len(done)} misses")
     for e in view.errors:
-        err_console.print(f"[red]{e}[/red]")
+        err_console.print(f"[red]{escape(e)}[/red]")
     if interrupted:
         console.print(
             "[yellow]interrupted[/yellow]: finished keys are kept; run the same command again to "
@@ -411,7 +412,8 @@ def _fail_if_nothing_done(results) -> None:
         why[f"{r.status}: {reason}"] = why.get(f"{r.status}: {reason}", 0) + 1
     worst = max(why, key=why.get)
     err_console.print(f"attntune: error: 0 of {len(results)} keys got a winner ({worst}"
-                      + (f"; and {len(why) - 1} other reasons" if len(why) > 1 else "") + ")")
+                      + (f"; and {len(why) - 1} other reasons" if len(why) > 1 else "") + ")",
+                      markup=False, highlight=False)
     raise typer.Exit(1)
 
 

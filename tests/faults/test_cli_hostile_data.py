@@ -1,0 +1,138 @@
+"""The command line against hostile data and odd targets (a cache/CLI audit, 2026-12-05): rows nested past
+the JSON parser's depth, bracketed text that rich would read as markup, integers past Python's digit limit,
+sizes past int64, output targets that are devices, FIFOs or standard output, and junk in ATTNTUNE_DEBUG /
+ATTNTUNE_CACHE. Each failed with a traceback-like internal error, silently lost data, or replaced a file
+that was not ours; each now gets one clear line, or works."""
+
+import json
+import os
+import sqlite3
+import stat
+import threading
+
+import pytest
+from typer.testing import CliRunner
+
+import attntune
+from attntune.cache import CacheStore, judge
+from attntune.cli import app
+
+from test_cache import make_key, make_rec
+
+runner = CliRunner()
+AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _cache(path, **rec):
+    st = CacheStore(path)
+    st.upsert_winner(make_rec(key=make_key(sq=64), **rec))
+    st.dispose()
+    return str(path)
+
+
+def test_a_row_nested_past_the_parsers_depth_is_rejected_alone(tmp_path, monkeypatch):
+    """One row whose config JSON nests 100k deep raised RecursionError out of judge(): the runtime dropped
+    every cache layer (the healthy system cache too) and show/export/doctor failed. Now that row alone is
+    rejected as malformed."""
+    good = _cache(tmp_path / "system.db")
+    bad = _cache(tmp_path / "user.db")
+    con = sqlite3.connect(bad)
+    con.execute("UPDATE winners SET config_json = ?", ("[" * 100000 + "]" * 100000,))
+    con.commit()
+    con.close()
+    [raw] = CacheStore(bad, readonly=True).raw_winners()
+    row = judge(raw, "user")
+    assert row.status == "rejected" and row.reasons[0].startswith("malformed row")
+    res = runner.invoke(app, ["show", "--status", "all", "--cache", bad], env={"ATTNTUNE_SYSTEM_CACHE": good})
+    assert res.exit_code == 0, res.output
+    assert "valid" in res.stdout and "system" in res.stdout  # the key's healthy row, from the other layer
+    monkeypatch.setenv("ATTNTUNE_CACHE", bad)
+    monkeypatch.setenv("ATTNTUNE_SYSTEM_CACHE", good)
+    attntune.reset()
+    q = make_key(sq=64).representative()
+    import torch
+
+    t = torch.zeros(q.batch, q.heads_q, q.seqlen_q, q.head_dim)
+    assert attntune.explain(t, t, t).source == "tuned"  # the runtime kept the system layer
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"format": "attntune-cache", "version": 1, "records": [' + "9" * 5000 + "]}", "ValueError"),
+    ("[" * 100000, "RecursionError"),
+], ids=["5000-digit-int", "nested-100k"])
+def test_import_of_json_python_cannot_parse_is_one_line(tmp_path, content, words):
+    f = tmp_path / "hostile.json"
+    f.write_text(content)
+    res = runner.invoke(app, ["import", str(f), "--cache", str(tmp_path / "c.db")])
+    assert res.exit_code == 2, res.output
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith("attntune: error:") and "not valid JSON" in line and words in line, line
+
+
+def test_bracketed_text_is_shown_as_text_not_rich_markup(tmp_path):
+    """A variant named "[/]" made import end with rich's MarkupError (exit 1); an imported arch "cpu[/]"
+    made every later `show` fail. Cached and imported text is data: shown as it is."""
+    cache = _cache(tmp_path / "c.db")
+    exported = tmp_path / "e.json"
+    assert runner.invoke(app, ["export", str(exported), "--cache", cache]).exit_code == 0
+    doc = json.loads(exported.read_text())
+    rec = doc["records"][0]
+    rec["key"]["device"]["arch"] = "cpu-avx2[/]"
+    rec["variant"] = "[bold]x[/]"
+    exported.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["import", str(exported), "--cache", str(tmp_path / "c2.db")])
+    assert res.exit_code == 2 and "unknown variant '[bold]x[/]'" in res.stdout, res.output
+    rec["variant"] = "sdpa_math"
+    exported.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["import", str(exported), "--cache", str(tmp_path / "c2.db")])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["show", "--cache", str(tmp_path / "c2.db")], env={"ATTNTUNE_SYSTEM_CACHE": ""})
+    assert res.exit_code == 0 and "cpu-avx2[/]" in res.stdout, res.output
+
+
+@pytest.mark.parametrize("spec", ["b=99999999999999999999,hq=4,sq=64,d=32", "hq=4,sq=64,d=32,window=9999999999:0"],
+                         ids=["batch", "window"])
+def test_sizes_past_what_a_kernel_indexes_name_the_field(spec):
+    res = runner.invoke(app, ["explain", "--shape", spec])
+    assert res.exit_code == 2, res.output
+    [line] = res.stderr.strip().splitlines()
+    assert "Invalid value for --shape" in line and ("field b" in line or "field window" in line), line
+
+
+def test_export_writes_into_devices_fifos_and_stdout_and_never_replaces_them(tmp_path):
+    """As root, `export /dev/null` replaced the device node with a JSON file, and `export FIFO` blocked
+    forever reading the FIFO to look for an SQLite header. Such targets are written into, as a shell
+    redirection would; `-` is standard output (the command's own line then goes to stderr)."""
+    cache = _cache(tmp_path / "c.db")
+    if AS_ROOT:  # a null device of our own (never the system's /dev/null: a regression would replace it)
+        dev = tmp_path / "null"
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        res = runner.invoke(app, ["export", str(dev), "--cache", cache])
+        assert res.exit_code == 0 and stat.S_ISCHR(os.stat(dev).st_mode), res.output
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    res = runner.invoke(app, ["export", str(fifo), "--cache", cache])
+    reader.join(30)
+    assert res.exit_code == 0 and stat.S_ISFIFO(os.stat(fifo).st_mode), res.output
+    assert json.loads(got[0])["format"] == "attntune-cache"
+    res = runner.invoke(app, ["export", "-", "--cache", cache])
+    assert res.exit_code == 0 and json.loads(res.stdout)["format"] == "attntune-cache", res.output
+    assert "exported 1 rows to -" in res.stderr and not (tmp_path / "-").exists()
+
+
+def test_junk_in_attntune_debug_is_off_not_a_usage_error(tmp_path):
+    cache = _cache(tmp_path / "c.db")
+    res = runner.invoke(app, ["show", "--cache", cache], env={"ATTNTUNE_DEBUG": "maybe"})
+    assert res.exit_code == 0, res.output
+
+
+def test_a_blank_attntune_cache_is_unset_not_a_file_named_blank(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNTUNE_CACHE", "  ")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    from attntune.cache import user_cache_url
+
+    assert user_cache_url() == str(tmp_path / "xdg" / "attntune" / "cache.db")
+    assert attntune  # (the runtime reads the same function)
