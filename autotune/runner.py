@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from attntune.autotune import claims
-from attntune.cache.retry import retry_locked
+from attntune.cache.retry import is_locked, retry_locked
 from attntune.autotune.study import MEMORY, default_storage_url, open_storage
 from attntune.autotune.sweep import Event, FatalDeviceError, KeyResult, KeyTuner, SweepOptions
 from attntune.autotune.timing import TimingOptions
@@ -191,11 +191,7 @@ def run_worker(
         # releases it: release every live claim of this worker (finished keys keep their done claims).
         try:
             with interrupts_deferred():
-                for k in keys:
-                    try:
-                        retry_locked(store.release_claim, k.key_id, owner)
-                    except Exception:  # noqa: BLE001 — the claim then simply expires
-                        pass
+                release_quickly(store, [k.key_id for k in keys], owner)
         except KeyboardInterrupt:
             pass  # another interrupt while releasing: already stopping
         raise Interrupted([results[k.key_id] for k in keys if k.key_id in results]) from None
@@ -270,6 +266,8 @@ def _tune_claimed(
             try:
                 if finished:
                     claims.finish(store, kid, owner)
+                elif _TERMINATED:  # stopping: never wait long on a lock (held signals wait with us)
+                    release_quickly(store, [kid], owner)
                 else:
                     retry_locked(store.release_claim, kid, owner)
             except Exception:  # noqa: BLE001 — the claim then simply expires
@@ -280,6 +278,30 @@ def _tune_claimed(
 
 
 # ---- termination ----------------------------------------------------------------------------------
+
+def release_quickly(store: CacheStore, key_ids: List[str], owner: str) -> None:
+    """Give back this worker's live claims on ``key_ids`` while stopping: through a connection that waits at
+    most a second for another process's lock, and no further once one release meets a lock (every other
+    would wait as long). A claim left behind is harmless — a claim of a process that is gone is retaken —
+    while waiting the cache's 30 s busy timeout per key, with Ctrl-C and SIGTERM held back meanwhile, kept a
+    stopped `tune` alive for many minutes on a locked cache (audit)."""
+    quick = store
+    if store.dialect == "sqlite":
+        try:
+            quick = CacheStore(store.url, timeout_s=1.0, lock_attempts=1)
+        except Exception:  # noqa: BLE001 — cannot even open it: the claims expire
+            return
+    try:
+        for kid in key_ids:
+            try:
+                retry_locked(quick.release_claim, kid, owner, attempts=2, budget_s=2.0)
+            except Exception as e:  # noqa: BLE001 — the claim then simply expires
+                if is_locked(e):
+                    break
+    finally:
+        if quick is not store:
+            quick.dispose()
+
 
 #: a stop signal arrived (Ctrl-C or SIGTERM): the tuning loop checks it before each key, because Python
 #: swallows the KeyboardInterrupt its handler raises when it lands inside a finalizer or weakref callback

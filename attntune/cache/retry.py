@@ -25,13 +25,23 @@ def is_locked(e: BaseException) -> bool:
     return isinstance(e, (OperationalError, sqlite3.OperationalError)) and ("locked" in msg or "busy" in msg)
 
 
-def retry_locked(fn: Callable[..., T], *args, attempts: int = 8, **kwargs) -> T:
-    """Call ``fn(*args, **kwargs)``; on a lock error wait (exponential backoff with jitter) and retry."""
+#: How long :func:`retry_locked` keeps retrying, in all. The retries are for SQLITE_BUSY returned at once
+#: (resolved in milliseconds); an attempt that failed after waiting out the busy timeout (30 s in the CLI and
+#: the tuner) met a lock another process *holds*, and seven more such waits turned one write into 4 minutes
+#: during which `tune` ignored its --time-limit and, inside a claim's release, Ctrl-C (audit: 251 s, and a
+#: run still going 12 minutes after Ctrl-C and SIGTERM). Past this budget the lock error is raised.
+LOCK_BUDGET_S = 40.0
+
+
+def retry_locked(fn: Callable[..., T], *args, attempts: int = 8, budget_s: float = LOCK_BUDGET_S, **kwargs) -> T:
+    """Call ``fn(*args, **kwargs)``; on a lock error wait (exponential backoff with jitter) and retry — at
+    most ``attempts`` times and while less than ``budget_s`` seconds have passed since the first call."""
+    start = time.monotonic()
     for i in range(attempts):
         try:
             return fn(*args, **kwargs)
         except (OperationalError, sqlite3.OperationalError) as e:
-            if not is_locked(e) or i == attempts - 1:
+            if not is_locked(e) or i == attempts - 1 or time.monotonic() - start >= budget_s:
                 raise
             time.sleep(0.05 * (2**i) * (0.5 + random.random()))
     raise AssertionError("unreachable")

@@ -409,3 +409,46 @@ def test_raw_rows_are_typed_value_by_value(tmp_path):
     assert rows[bad_id]["created_at"] == "garbage"
     [ok] = [r for k, r in rows.items() if k != bad_id]
     assert isinstance(ok["created_at"], datetime) and isinstance(ok["median_ms"], float)
+
+
+def test_lock_retries_stop_at_their_budget_and_a_stopping_tuner_releases_quickly(tmp_path, monkeypatch):
+    """A write that waited out the busy timeout met a lock another process holds: retrying it 7 more times
+    turned one write of `tune` into 4 minutes (audit: --time-limit 20 ran 251 s; after Ctrl-C the claims'
+    release, with signals held back, kept it alive 12 minutes). Retries stop at their budget, and a stopping
+    worker releases its claims through a 1 s connection, no further than the first lock."""
+    import sqlite3 as _sqlite3
+
+    from attntune.cache.retry import retry_locked
+    from autotune import runner
+
+    calls = []
+
+    def held(wait):
+        calls.append(wait)
+        time.sleep(wait)
+        raise _sqlite3.OperationalError("database is locked")
+
+    t0 = time.monotonic()
+    with pytest.raises(_sqlite3.OperationalError):
+        retry_locked(held, 0.3, budget_s=0.5)
+    assert len(calls) == 2 and time.monotonic() - t0 < 2.0  # 0.3 s, then past the budget: raised
+    calls.clear()
+    with pytest.raises(_sqlite3.OperationalError):
+        retry_locked(held, 0.0, attempts=4, budget_s=30)
+    assert len(calls) == 4  # immediate BUSY: every attempt is tried
+
+    db = tmp_path / "c.db"
+    CacheStore(db).dispose()
+    tried = []
+
+    def locked_release(self, key_id, owner):
+        tried.append((key_id, self.timeout_s))
+        raise _sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(CacheStore, "release_claim", locked_release)
+    store = CacheStore(db)
+    t0 = time.monotonic()
+    runner.release_quickly(store, ["k1", "k2", "k3"], "me")
+    store.dispose()
+    assert {k for k, _ in tried} == {"k1"} and all(t == 1.0 for _, t in tried), tried  # stopped at the lock
+    assert time.monotonic() - t0 < 5.0
