@@ -22,7 +22,7 @@ import queue as queue_mod
 import signal
 import time
 import traceback
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -71,6 +71,10 @@ def resolve_keys(problems: Sequence[AttentionProblem], device: torch.device) -> 
     return out
 
 
+#: how far in the future a row's timestamp may be and still count as this run's (clocks of a fleet differ)
+_CLOCK_SKEW = timedelta(minutes=10)
+
+
 def _needs_tuning(
     raw: Optional[dict], force: bool, run_start: datetime
 ) -> Tuple[bool, Optional[WinnerRecord], bool]:
@@ -83,7 +87,11 @@ def _needs_tuning(
     verdict = judge(raw, "user", registry)
     if verdict.status != "valid":
         return True, None, True
-    if (force or verdict.record.measured_busy) and verdict.record.created_at < run_start:
+    # "predates this run": written before it started — or dated in the future (a skewed clock, an imported
+    # row): this run cannot have written it, and taking it for another worker's fresh result kept such a row
+    # from `--force` and from the busy-CPU re-time for good (audit: created_at 2099)
+    created = verdict.record.created_at
+    if (force or verdict.record.measured_busy) and (created < run_start or created > utcnow() + _CLOCK_SKEW):
         return True, verdict.record, False
     return False, verdict.record, False
 

@@ -145,7 +145,9 @@ def import_cmd(
     Malformed, unknown-variant and out-of-domain rows are rejected and reported, never written."""
     from pydantic import ValidationError
 
-    from attntune.cache import WinnerRecord, judge, user_cache_url
+    from datetime import timedelta
+
+    from attntune.cache import WinnerRecord, judge, user_cache_url, utcnow
     from attntune.cache.retry import is_locked, retry_locked
     from attntune.kernels import registry
     from attntune.cache.models import record_to_row
@@ -174,6 +176,10 @@ def import_cmd(
             where = ".".join(str(x) for x in first.get("loc", ())) or "record"
             rejected.append(f"record {i}: malformed ({e.error_count()} error(s); {where}: "
                             f"{first['msg'].splitlines()[0]})")
+            continue
+        if rec.created_at > utcnow() + timedelta(days=1):  # measured in the future: a corrupt or forged row
+            rejected.append(f"record {i} ({rec.key.short()}): created_at {rec.created_at.isoformat()} is in the "
+                            "future")
             continue
         verdict = judge(record_to_row(rec), "import", registry)
         if verdict.status == "rejected" or (verdict.status == "stale" and not allow_stale):

@@ -136,3 +136,25 @@ def test_a_blank_attntune_cache_is_unset_not_a_file_named_blank(tmp_path, monkey
 
     assert user_cache_url() == str(tmp_path / "xdg" / "attntune" / "cache.db")
     assert attntune  # (the runtime reads the same function)
+
+
+def test_a_row_dated_in_the_future_is_refused_by_import_and_retuned_by_force(tmp_path):
+    """A row dated 2099 (a skewed clock, a forged file) looked like another worker's fresh result to every
+    later run: `tune --force` and the busy-CPU re-time skipped it for good. import refuses such rows, and a
+    run takes a stored one as predating it."""
+    from datetime import datetime, timedelta
+
+    from attntune.cache import utcnow
+    from attntune.cache.models import record_to_row
+    from autotune.runner import _needs_tuning
+
+    future = make_rec(key=make_key(sq=64)).model_copy(update={"created_at": datetime(2099, 1, 1)})
+    tune, rec, forced = _needs_tuning(record_to_row(future), True, utcnow())
+    assert tune and rec is not None and not forced
+    fresh = make_rec(key=make_key(sq=64)).model_copy(update={"created_at": utcnow() + timedelta(seconds=5)})
+    assert _needs_tuning(record_to_row(fresh), True, utcnow() - timedelta(seconds=1))[0] is False  # this run's
+    f = tmp_path / "future.json"
+    f.write_text(json.dumps({"format": "attntune-cache", "version": 1,
+                             "records": [json.loads(future.model_dump_json())]}))
+    res = runner.invoke(app, ["import", str(f), "--cache", str(tmp_path / "c.db")])
+    assert res.exit_code == 2 and "is in the future" in res.stdout, res.output
