@@ -121,12 +121,59 @@ def storage_advice(error: str) -> str:
     return "check the URL, its driver and its server, or pass --storage memory (no resume)"
 
 
+#: the tables optuna's RDB storage keeps (optuna 3-5); a storage file holding others is not the tuner's
+_OPTUNA_TABLES = frozenset({
+    "alembic_version", "studies", "study_directions", "study_system_attributes", "study_user_attributes",
+    "trial_heartbeats", "trial_intermediate_values", "trial_params", "trial_system_attributes",
+    "trial_user_attributes", "trial_values", "trials", "version_info"})
+
+
+def _foreign_tables(path: str) -> list:
+    """Tables of an existing SQLite file that optuna's storage does not make (read-only look; [] for a new
+    file, or one SQLite cannot read — that is for the storage's own error to name)."""
+    if not Path(path).is_file():
+        return []
+    try:
+        con = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=1.0)
+        try:
+            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return []
+    return sorted(n for n in names - _OPTUNA_TABLES if not n.startswith("sqlite_"))
+
+
+def storage_problem(url: Optional[str]) -> Optional[str]:
+    """Why ``url`` must not be the tuner's optuna storage, or None. An existing SQLite file with tables of
+    its own is not a study store: optuna would add its tables to it and switch it to WAL (another
+    application's database, audit), or clash with attntune's own ``trials`` table (the cache itself: the run
+    failed with "invalid data in the commit", naming neither file)."""
+    if url is None or url == MEMORY:
+        return None
+    try:
+        u = make_url(normalize_url(url))
+    except Exception:  # noqa: BLE001 — a bad URL: open_storage names it
+        return None
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    foreign = _foreign_tables(u.database)
+    if not foreign:
+        return None
+    what = ("an attntune cache" if {"winners", "claims"} & set(foreign)
+            else f"a database with other tables ({', '.join(foreign[:4])})")
+    return f"{u.database} is {what}, not an optuna study store: give the tuner a file of its own"
+
+
 def _open_rdb(url: str):
     url = normalize_url(url)
     u = make_url(url)
     kwargs: dict = {}
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":
+            why = storage_problem(url)
+            if why:
+                raise ValueError(why)
             retry_locked(_sqlite_wal, u.database)
         kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_MS / 1000}
     else:

@@ -244,6 +244,13 @@ def tune(
     if suite and shape:
         raise typer.BadParameter("give --suite or --shape, not both", param_hint="--shape")
     check_cache_option(cache)
+    if storage:
+        from attntune.autotune.study import storage_problem
+
+        why = storage_problem(storage)
+        if why:
+            raise typer.BadParameter(f"{why} (leave --storage out for optuna.db next to the cache)",
+                                     param_hint="--storage")
     if suite is not None and not suite.strip():
         raise typer.BadParameter("is empty (an unset variable?); leave it out for the device's default suite",
                                  param_hint="--suite")

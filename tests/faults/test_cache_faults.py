@@ -419,7 +419,7 @@ def test_lock_retries_stop_at_their_budget_and_a_stopping_tuner_releases_quickly
     import sqlite3 as _sqlite3
 
     from attntune.cache.retry import retry_locked
-    from autotune import runner
+    from attntune.autotune import runner
 
     calls = []
 

@@ -146,7 +146,7 @@ def test_a_row_dated_in_the_future_is_refused_by_import_and_retuned_by_force(tmp
 
     from attntune.cache import utcnow
     from attntune.cache.models import record_to_row
-    from autotune.runner import _needs_tuning
+    from attntune.autotune.runner import _needs_tuning
 
     future = make_rec(key=make_key(sq=64)).model_copy(update={"created_at": datetime(2099, 1, 1)})
     tune, rec, forced = _needs_tuning(record_to_row(future), True, utcnow())
@@ -158,3 +158,25 @@ def test_a_row_dated_in_the_future_is_refused_by_import_and_retuned_by_force(tmp
                              "records": [json.loads(future.model_dump_json())]}))
     res = runner.invoke(app, ["import", str(f), "--cache", str(tmp_path / "c.db")])
     assert res.exit_code == 2 and "is in the future" in res.stdout, res.output
+
+
+def test_storage_that_is_a_cache_or_another_apps_database_is_refused_untouched(tmp_path):
+    """--storage naming another application's SQLite file added optuna's 12 tables to it and switched it to
+    WAL (exit 0); naming the cache itself clashed with its `trials` table ("invalid data in the commit",
+    naming neither file). Both are refused before anything is written, naming --storage."""
+    app_db = tmp_path / "app.db"
+    con = sqlite3.connect(app_db)
+    con.execute("CREATE TABLE users (id INTEGER)")
+    con.commit()
+    con.close()
+    cache = _cache(tmp_path / "c.db")
+    for target, words in ((app_db, "other tables (users)"), (cache, "is an attntune cache")):
+        res = runner.invoke(app, ["tune", "--shape", "hq=2,sq=16,d=8", "--trials", "1", "--cache", cache,
+                                  "--storage", str(target)])
+        assert res.exit_code == 2, res.output
+        [line] = res.stderr.strip().splitlines()
+        assert "Invalid value for --storage" in line and words in line, line
+    con = sqlite3.connect(app_db)
+    assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["users"]
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    con.close()
