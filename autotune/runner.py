@@ -35,7 +35,7 @@ from attntune.autotune.timing import TimingOptions
 from attntune.cache.layered import system_cache_path, user_cache_url
 from attntune.kernels import registry
 from attntune.cache.models import WinnerRecord, judge, utcnow
-from attntune.cache.store import CacheStore
+from attntune.cache.store import CacheStore, display_url
 from attntune.device import device_fingerprint
 from attntune.key import TuneKey
 from attntune.problem import AttentionProblem
@@ -252,7 +252,7 @@ def _tune_claimed(
                 res = KeyResult(
                     key=key,
                     status="error",
-                    reason=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}",
+                    reason=f"{_key_error(e, storage)}\n{traceback.format_exc(limit=4)}",
                 )
         finished = res.status not in ("unfinished", "error")
         emit(
@@ -283,6 +283,22 @@ def _tune_claimed(
         if key.device.device_type == "cuda" and torch.cuda.is_initialized():
             # Keys differ wildly in size: hand the last key's cached blocks back before the next one.
             torch.cuda.empty_cache()
+
+
+def _key_error(e: BaseException, storage) -> str:
+    """A key's failure as one line. optuna wraps a locked storage as StorageInternalError "invalid data in
+    the commit, e.g. exceeding max length" (audit: a locked optuna.db read as a data bug): a lock anywhere in
+    the cause chain is named as such, with the storage."""
+    seen, c = set(), e
+    while c is not None and id(c) not in seen:
+        seen.add(id(c))
+        if is_locked(c):
+            url = getattr(storage, "url", None)
+            where = f"optuna storage {display_url(url)}" if isinstance(url, str) else "the tuner's storage"
+            return (f"{where}: locked by another process ({str(c).splitlines()[0]}); run again when it is "
+                    "done, or pass another --storage")
+        c = c.__cause__ or c.__context__
+    return f"{type(e).__name__}: {e}"
 
 
 # ---- termination ----------------------------------------------------------------------------------

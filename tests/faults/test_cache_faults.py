@@ -452,3 +452,22 @@ def test_lock_retries_stop_at_their_budget_and_a_stopping_tuner_releases_quickly
     store.dispose()
     assert {k for k, _ in tried} == {"k1"} and all(t == 1.0 for _, t in tried), tried  # stopped at the lock
     assert time.monotonic() - t0 < 5.0
+
+
+def test_a_locked_optuna_storage_is_named_as_locked_not_as_bad_data():
+    """optuna reports a locked storage as StorageInternalError "invalid data in the commit, e.g. exceeding max
+    length"; the key's reason names the storage and the lock (found in the cause chain)."""
+    from attntune.autotune.runner import _key_error
+
+    class Storage:
+        url = "sqlite:////tmp/x/optuna.db"
+
+    try:
+        try:
+            raise sqlite3.OperationalError("database is locked")
+        except sqlite3.OperationalError as inner:
+            raise RuntimeError("An exception is raised during the commit: invalid data") from inner
+    except RuntimeError as e:
+        why = _key_error(e, Storage())
+    assert why.startswith("optuna storage sqlite:////tmp/x/optuna.db: locked by another process"), why
+    assert _key_error(ValueError("plain"), Storage()) == "ValueError: plain"
