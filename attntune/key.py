@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Optional, Tuple
+from typing import Annotated, Any, Optional, Tuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from attntune.device import DeviceFingerprint
 from attntune.problem import AttentionProblem, Align, Mode
@@ -55,6 +55,10 @@ def log_distance(a: int, b: int) -> float:
     return abs(math.log2(max(a, 1)) - math.log2(max(b, 1)))
 
 
+#: A key's sizes: what a kernel can be launched with (an import of batch=-1 or heads=1e20 was stored valid).
+_Size = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
+
+
 class TuneKey(BaseModel):
     """What a winner is stored under. Fields not bucketed must match exactly for a row to apply."""
 
@@ -62,13 +66,13 @@ class TuneKey(BaseModel):
 
     device: DeviceFingerprint
     dtype: str
-    batch: int
-    heads_q: int
-    heads_kv: int
-    seqlen_q: int
-    seqlen_kv: int
-    head_dim: int
-    head_dim_v: int
+    batch: _Size
+    heads_q: _Size
+    heads_kv: _Size
+    seqlen_q: _Size
+    seqlen_kv: _Size
+    head_dim: _Size
+    head_dim_v: _Size
     causal: bool
     causal_align: Align
     window: Optional[Tuple[int, int]]

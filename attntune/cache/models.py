@@ -54,11 +54,21 @@ class WinnerRecord(BaseModel):
     tuning_seconds: float = 0.0
     created_at: datetime
 
+    @field_validator("median_ms", mode="before")
+    @classmethod
+    def _a_number(cls, v):
+        # pydantic's lax mode read true as 1.0 ms and "0.001" as a time (audit: imported as valid rows)
+        if isinstance(v, (bool, str)):
+            raise ValueError(f"median_ms must be a number of milliseconds, got {type(v).__name__} {v!r}")
+        return v
+
     @field_validator("median_ms")
     @classmethod
     def _positive(cls, v: float) -> float:
-        if not v > 0 or v != v or v == float("inf"):
-            raise ValueError(f"median_ms must be a positive finite time, got {v}")
+        # >= 1e-6 ms (1 ns): no attention call is faster; 1e-320 showed as 0.0µs and "infx" and could never
+        # be beaten by a re-tune
+        if not v >= 1e-6 or v != v or v == float("inf"):
+            raise ValueError(f"median_ms must be a positive finite time (>= 1 ns), got {v}")
         return v
 
     @field_validator("tflops", "tbps", "runner_up_ms", "sdpa_default_ms", "max_error", "rel_error", "spread",

@@ -180,3 +180,21 @@ def test_storage_that_is_a_cache_or_another_apps_database_is_refused_untouched(t
     assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["users"]
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     con.close()
+
+
+@pytest.mark.parametrize("path, value", [
+    (("key", "batch"), -1), (("key", "heads_q"), 10**20), (("key", "seqlen_kv"), True),
+    (("median_ms",), True), (("median_ms",), "0.001"), (("median_ms",), 1e-320),
+], ids=["batch-1", "heads-1e20", "seqlen-bool", "ms-bool", "ms-str", "ms-denormal"])
+def test_import_refuses_rows_no_kernel_could_have_measured(tmp_path, path, value):
+    """Impossible values were imported as valid rows (audit): sizes below 1 or past int32, a bool size,
+    a time of true, "0.001" or 1e-320 ms (shown as 0.0µs and "infx", and never beaten by a re-tune)."""
+    rec = json.loads(make_rec(key=make_key(sq=64)).model_dump_json())
+    node = rec
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps({"format": "attntune-cache", "version": 1, "records": [rec]}))
+    res = runner.invoke(app, ["import", str(f), "--cache", str(tmp_path / "c.db")])
+    assert res.exit_code == 2 and "malformed" in res.stdout and path[-1] in res.stdout, res.output
