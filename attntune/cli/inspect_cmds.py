@@ -104,7 +104,7 @@ def _show_cells(r) -> List[str]:
 
 @app.command("export")
 def export_cmd(
-    file: Path = typer.Argument(..., help="JSON file to write."),
+    file: Path = typer.Argument(..., help="JSON file to write (- for standard output)."),
     cache: Optional[str] = typer.Option(None, "--cache", help="User cache path or SQLAlchemy URL."),
     system: bool = typer.Option(True, help="Include the shipped system cache."),
     include_stale: bool = typer.Option(False, help="Also export stale rows."),

@@ -15,7 +15,7 @@ PLOTS_HINT = "pip install 'attntune[plots]'"
 
 @app.command()
 def report(
-    out: Path = typer.Option(Path("report.html"), "--out", help="HTML file to write."),
+    out: Path = typer.Option(Path("report.html"), "--out", help="HTML file to write (- for standard output)."),
     cache: Optional[str] = typer.Option(None, "--cache", help="User cache path or SQLAlchemy URL."),
     system: bool = typer.Option(True, help="Include the shipped system cache."),
     include_stale: bool = typer.Option(False, help="Draw stale rows too (a cache tuned under other software)."),
