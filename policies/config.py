@@ -54,9 +54,9 @@ def _flag(name: str, warns: List[str]) -> bool:
     return raw in _TRUE
 
 
-def _number(name: str, default, warns: List[str], cast=int, minimum=None, unset_note: str = ""):
+def _number(name: str, default, warns: List[str], cast=int, minimum=None, unset_note: str = "", maximum=None):
     """``cast(os.environ[name])``, else ``default`` with a warning when the value is not a number or is
-    below ``minimum`` (``unset_note`` says what ``default`` means, e.g. "no limit")."""
+    outside ``minimum`` .. ``maximum`` (``unset_note`` says what ``default`` means, e.g. "no limit")."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -69,6 +69,10 @@ def _number(name: str, default, warns: List[str], cast=int, minimum=None, unset_
     if val != val or val in (math.inf, -math.inf) or (minimum is not None and val < minimum):
         # NaN, infinite (a timeout of inf overflowed the cache's connect and dropped both caches), or out of range
         warns.append(f"{name}={raw!r} must be a finite number >= {minimum}; {instead}")
+        return default
+    if maximum is not None and val > maximum:
+        # a finite value can overflow too (1e308 s as SQLite's busy timeout in ms: both caches dropped)
+        warns.append(f"{name}={raw!r} must be at most {maximum}; {instead}")
         return default
     return val
 
@@ -142,7 +146,7 @@ class RuntimeConfig:
             online_trials=_number("ATTNTUNE_ONLINE_TRIALS", 6, warns, minimum=1),
             online_seconds=_number("ATTNTUNE_ONLINE_SECONDS", 5.0, warns, cast=float, minimum=0.1),
             check=_flag("ATTNTUNE_CHECK", warns),
-            cache_timeout=_number("ATTNTUNE_CACHE_TIMEOUT", 0.2, warns, cast=float, minimum=0.0),
+            cache_timeout=_number("ATTNTUNE_CACHE_TIMEOUT", 0.2, warns, cast=float, minimum=0.0, maximum=3600.0),
             warnings=tuple(warns),
         )
 
