@@ -129,6 +129,11 @@ class CacheStore:
         if self.dialect == "sqlite":
             path = u.database
             if path and path != ":memory:":
+                p = Path(path)
+                if p.exists() and not p.is_file() and not p.is_dir():
+                    # a device or FIFO (a cache linked to /dev/null): SQLite would put its journal next to
+                    # it (/dev/null-journal, as root) and the error blamed the -wal/-shm files
+                    raise CacheError(f"{path}: is not a regular file (a device or pipe?), not a cache file")
                 if readonly:
                     if Path(path).is_dir():
                         raise CacheError(f"{path}: is a directory, not a cache file")

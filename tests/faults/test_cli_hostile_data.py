@@ -198,3 +198,17 @@ def test_import_refuses_rows_no_kernel_could_have_measured(tmp_path, path, value
     f.write_text(json.dumps({"format": "attntune-cache", "version": 1, "records": [rec]}))
     res = runner.invoke(app, ["import", str(f), "--cache", str(tmp_path / "c.db")])
     assert res.exit_code == 2 and "malformed" in res.stdout and path[-1] in res.stdout, res.output
+
+
+def test_a_cache_path_that_is_a_device_or_pipe_is_named_as_such(tmp_path):
+    """A cache linked to /dev/null made SQLite create /dev/null-journal (as root) and the error blamed the
+    -wal/-shm files; a FIFO stands in for the device here."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "c.db"
+    link.symlink_to(fifo)
+    for argv in (["show", "--cache", str(link)], ["tune", "--shape", "hq=2,sq=16,d=8", "--cache", str(link)]):
+        res = runner.invoke(app, argv, env={"ATTNTUNE_SYSTEM_CACHE": ""})
+        assert res.exit_code == 2, res.output
+        assert "is not a regular file" in res.stderr, res.stderr
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["c.db", "pipe"]
