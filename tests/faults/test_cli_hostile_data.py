@@ -202,13 +202,18 @@ def test_import_refuses_rows_no_kernel_could_have_measured(tmp_path, path, value
 
 def test_a_cache_path_that_is_a_device_or_pipe_is_named_as_such(tmp_path):
     """A cache linked to /dev/null made SQLite create /dev/null-journal (as root) and the error blamed the
-    -wal/-shm files; a FIFO stands in for the device here."""
+    -wal/-shm files; a FIFO stands in for the device here (SQLite blocked opening it: the real process, with
+    a timeout, so that a regression fails instead of hanging the suite)."""
+    import subprocess
+    import sys
+
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     link = tmp_path / "c.db"
     link.symlink_to(fifo)
+    env = dict(os.environ, ATTNTUNE_SYSTEM_CACHE="", COLUMNS="200")
     for argv in (["show", "--cache", str(link)], ["tune", "--shape", "hq=2,sq=16,d=8", "--cache", str(link)]):
-        res = runner.invoke(app, argv, env={"ATTNTUNE_SYSTEM_CACHE": ""})
-        assert res.exit_code == 2, res.output
-        assert "is not a regular file" in res.stderr, res.stderr
-    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["c.db", "pipe"]
+        p = subprocess.run([sys.executable, "-m", "attntune", *argv], capture_output=True, text=True, env=env,
+                           timeout=60)
+        assert p.returncode == 2 and "is not a regular file" in p.stderr, p.stderr
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and sorted(q.name for q in tmp_path.iterdir()) == ["c.db", "pipe"]
