@@ -29,8 +29,9 @@ def is_locked(e: BaseException) -> bool:
 #: (resolved in milliseconds); an attempt that failed after waiting out the busy timeout (30 s in the CLI and
 #: the tuner) met a lock another process *holds*, and seven more such waits turned one write into 4 minutes
 #: during which `tune` ignored its --time-limit and, inside a claim's release, Ctrl-C (audit: 251 s, and a
-#: run still going 12 minutes after Ctrl-C and SIGTERM). Past this budget the lock error is raised.
-LOCK_BUDGET_S = 40.0
+#: run still going 12 minutes after Ctrl-C and SIGTERM). Below the busy timeout, so that an attempt which
+#: waited it out is never retried: past this budget the lock error is raised.
+LOCK_BUDGET_S = 20.0
 
 
 def retry_locked(fn: Callable[..., T], *args, attempts: int = 8, budget_s: float = LOCK_BUDGET_S, **kwargs) -> T:
