@@ -42,3 +42,23 @@ def bench_module(name: str):
         return importlib.import_module(name)
     finally:
         sys.path.remove(path)
+
+
+def compiled_generate(model, ids, kw: dict, backend="eager", runs: int = 2):
+    """transformers' automatic compilation of the static-cache decode step, forced on the CPU (it compiles on
+    CUDA/XPU only unless told), with dynamo ``backend`` (a callable backend takes no mode): ``runs`` generates
+    (two: a recompile would show) → (unique graphs, graph breaks, outputs, attntune plans that served calls)."""
+    import attntune
+    from torch._dynamo.utils import counters
+    from transformers.generation.configuration_utils import CompileConfig
+
+    cc = CompileConfig(backend=backend, fullgraph=False, mode=None if callable(backend) else "reduce-overhead")
+    cc._compile_all_devices = True
+    model.generation_config.compile_config = cc
+    torch._dynamo.reset()
+    counters.clear()
+    plans0 = {p["key_id"]: p["calls"] for p in attntune.stats()["plans"]}
+    with torch.no_grad():
+        outs = [model.generate(ids, **kw) for _ in range(runs)]
+    served = [p for p in attntune.stats()["plans"] if p["calls"] > plans0.get(p["key_id"], 0)]
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()), outs, served

@@ -252,8 +252,7 @@ def test_compiled_static_generate_compiles_the_decode_step_once(kind, prompt):
     The sliding-window model's mask function is made inside the traced step: reading its closure broke
     the graph (7 graphs, and 0.17x SDPA's tokens/s on an H100), and an int() of the sliding layer's
     position recompiled the step at every position."""
-    from torch._dynamo.utils import counters
-    from transformers.generation.configuration_utils import CompileConfig
+    from helpers import compiled_generate
 
     ours, sdpa = _models(kind, ["attntune", "sdpa"])
     ids = _ids(batch=2, seq=prompt)
@@ -276,18 +275,11 @@ def test_compiled_static_generate_compiles_the_decode_step_once(kind, prompt):
         symbolic[name] += [str(u.target) for u in seen if isinstance(u.meta.get("example_value"), torch.Tensor)]
         return gm.forward
 
+    served = []
     for name, m in (("sdpa", sdpa), ("attntune", ours)):
         symbolic[name] = []
-        cc = CompileConfig(backend=backend, fullgraph=False, mode=None)  # a callable backend takes no mode
-        cc._compile_all_devices = True  # transformers compiles on CUDA/XPU only unless told
-        m.generation_config.compile_config = cc
-        torch._dynamo.reset()
-        counters.clear()
-        plans0 = {p["key_id"]: p["calls"] for p in attntune.stats()["plans"]}
-        with torch.no_grad():
-            outs[name] = [m.generate(ids, **kw) for _ in range(2)]  # two generates: a recompile would show
-        graphs[name] = counters["stats"]["unique_graphs"]
-        breaks[name] = sum(counters["graph_break"].values())
+        graphs[name], breaks[name], outs[name], used = compiled_generate(m, ids, kw, backend=backend)
+        served += used if name == "attntune" else []
     assert graphs["sdpa"] >= 1, "transformers did not compile the decode step: the test proves nothing"
     if kind == "llama":
         assert graphs == {"sdpa": 1, "attntune": 1}, graphs
@@ -295,7 +287,6 @@ def test_compiled_static_generate_compiles_the_decode_step_once(kind, prompt):
         assert graphs["sdpa"] <= graphs["attntune"] <= graphs["sdpa"] + (prompt < WINDOW), graphs
     assert breaks["attntune"] == breaks["sdpa"] == 0, breaks
     assert symbolic == {"sdpa": [], "attntune": []}, symbolic
-    served = [p for p in attntune.stats()["plans"] if p["calls"] > plans0.get(p["key_id"], 0)]
     assert any("S1x" in p["problem"] and "kv_lens" in p["problem"] for p in served), served  # decode: ours
     for a, s in zip(outs["attntune"], outs["sdpa"]):
         assert torch.equal(a, s)

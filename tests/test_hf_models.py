@@ -156,25 +156,13 @@ def test_compiled_static_generation_matches_the_models_sdpa_graph_for_graph(mode
     full layers (Gemma 3, EXAONE 4), a full model whose config names a window it does not use (Qwen2): as many
     graphs as HF's SDPA path, no graph break, the same tokens, and the decode served by attntune with
     ``kv_lens`` (tests/test_hf.py has the Llama/Mistral version with the symbolic-position check)."""
-    from torch._dynamo.utils import counters
-    from transformers.generation.configuration_utils import CompileConfig
+    from helpers import compiled_generate
 
     ours, ref = _pair(model_type, "sdpa")
     ids = _ids(seq=9)
     kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(ids),
               cache_implementation="static")
-    got = {}
-    for name, m in (("sdpa", ref), ("attntune", ours)):
-        cc = CompileConfig(backend="eager", fullgraph=False)
-        cc._compile_all_devices = True  # transformers compiles on CUDA/XPU only unless told
-        m.generation_config.compile_config = cc
-        torch._dynamo.reset()
-        counters.clear()
-        plans0 = {p["key_id"]: p["calls"] for p in attntune.stats()["plans"]}
-        with torch.no_grad():
-            outs = [m.generate(ids, **kw) for _ in range(2)]  # two generates: a recompile would show
-        served = [p for p in attntune.stats()["plans"] if p["calls"] > plans0.get(p["key_id"], 0)]
-        got[name] = (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()), outs, served)
+    got = {name: compiled_generate(m, ids, kw) for name, m in (("sdpa", ref), ("attntune", ours))}
     torch._dynamo.reset()
     assert got["sdpa"][0] >= 1, "transformers did not compile the decode step: the test proves nothing"
     assert got["attntune"][:2] == got["sdpa"][:2] and got["attntune"][1] == 0, (got["attntune"][:2], got["sdpa"][:2])
