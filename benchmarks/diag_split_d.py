@@ -83,7 +83,8 @@ def run_one(c: dict) -> dict:
     B, Hq, Hkv, Sq, Skv = SHAPE if DEV == "cuda" else SMOKE_SHAPE
     dt = getattr(torch, c["dtype"]) if DEV == "cuda" else torch.float16  # (interpreter: no bf16 dot)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, h, s, c["d"], generator=g).to(DEV, dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
+    shapes = ((Hq, Sq), (Hkv, Skv), (Hkv, Skv))
+    q, k, v = (torch.randn(B, h, s, c["d"], generator=g).to(DEV, dt) for h, s in shapes)
     grad = c["bwd"] is not None
     prob = problem_from_tensors(q, k, v, causal=True)
     rq, rk, rv = (t.detach().float().requires_grad_(grad) for t in (q, k, v))

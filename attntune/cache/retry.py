@@ -34,7 +34,8 @@ def is_locked(e: BaseException) -> bool:
 LOCK_BUDGET_S = 20.0
 
 
-def retry_locked(fn: Callable[..., T], *args, attempts: int = 8, budget_s: float = LOCK_BUDGET_S, **kwargs) -> T:
+def retry_locked(fn: Callable[..., T], *args, attempts: int = 8, budget_s: float = LOCK_BUDGET_S,
+                 **kwargs) -> T:
     """Call ``fn(*args, **kwargs)``; on a lock error wait (exponential backoff with jitter) and retry — at
     most ``attempts`` times and while less than ``budget_s`` seconds have passed since the first call."""
     start = time.monotonic()

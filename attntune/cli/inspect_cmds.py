@@ -19,9 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from attntune.cli import app
-from attntune.cli.common import (LAYER_ORDER, CliError, check_cache_option, console, err_console, fmt_config, fmt_ms,
-                                 layer_failures, more_line, open_target, read_layers, record_matches, row_json,
-                                 user_layer_missing, write_output)
+from attntune.cli.common import (LAYER_ORDER, CliError, check_cache_option, console, err_console, fmt_config,
+                                 fmt_ms, layer_failures, more_line, open_target, read_layers, record_matches,
+                                 row_json, user_layer_missing, write_output)
 
 EXPORT_FORMAT = "attntune-cache"
 EXPORT_VERSION = 1

@@ -72,7 +72,8 @@ def explain(
             t.add_column(c, overflow="fold")
         for c in cands:
             t.add_row(escape(c["variant"]), c["family"], "yes" if c["exact"] else "no",
-                      "[green]yes[/green]" if not c["reasons"] else "[red]no[/red]", escape("; ".join(c["reasons"])))
+                      "[green]yes[/green]" if not c["reasons"] else "[red]no[/red]",
+                      escape("; ".join(c["reasons"])))
         console.print(t)
 
 
@@ -171,7 +172,8 @@ def bench(
     for c in ("problem", "variant", "config", "source", "calls", "P50", "P95", "P99"):
         t.add_column(c, overflow="fold")
     for r in rows:
-        t.add_row(escape(r["problem"]), escape(r["variant"]), escape(fmt_config(r["config"])), r["source"], str(r["calls"]),
+        t.add_row(escape(r["problem"]), escape(r["variant"]), escape(fmt_config(r["config"])), r["source"],
+                  str(r["calls"]),
                   *(f"{r[x]:.4f} ms" if r[x] is not None else "-" for x in ("p50_ms", "p95_ms", "p99_ms")))
     console.print(t)
     console.print(f"peak memory: {peak:.1f} MiB ({result['peak_memory_kind']})")
