@@ -55,8 +55,6 @@ from attntune.problem import (DTYPE_NAMES, AttentionProblem, canonical_mask, pro
 
 #: torch's own SDPA, captured when attntune's runtime is imported (before any patch of ours)
 _torch_sdpa = F.scaled_dot_product_attention
-#: the variant that is torch's own SDPA choice: the safe fallback's first choice, never quarantined
-_TORCH_OWN = "sdpa_default"
 
 # Bound once: module-global look-ups are the cheapest the hot path can do.
 _get = SLOTS.get
@@ -473,10 +471,11 @@ def _failed(sig, slot: Slot, error: Exception, q, k, v, kv_lens, *scales) -> Ten
     # itself refuses (an inference-mode tensor in autograd) — any error type. The safe fallback decides: if it
     # refuses the call too, the caller gets the error and nothing is quarantined (one bad call must not send
     # every later call of the process to a slower implementation).
-    torch_own = plan.variant == _TORCH_OWN
-    # torch's own SDPA is the fallback's first choice: its failure is tried on eager (this call only)
-    skip = {(plan.variant, plan.config_json)} if torch_own else set()
-    fb = fallback_plan(problem, plan.key, [], rt.quarantine | skip)
+    fb = fallback_plan(problem, plan.key, [], rt.quarantine)
+    # the failing plan *is* the safe fallback's choice (torch's own SDPA): the next one is tried for this call
+    torch_own = (fb.variant, fb.config_json) == (plan.variant, plan.config_json)
+    if torch_own:
+        fb = fallback_plan(problem, plan.key, [], rt.quarantine | {(plan.variant, plan.config_json)})
     try:
         out = fb.impl.run(q, k, v, fb.problem, fb.config, kv_lens, *scales)
     except Exception:  # noqa: BLE001 — the arguments' fault: the variant's error is the clearer one
@@ -707,6 +706,9 @@ def _torchscript_sees_torchs() -> None:
         pass
 
 
+_torchscript_sees_torchs()  # once: the patch function never changes
+
+
 def enable() -> None:
     """Route ``torch.nn.functional.scaled_dot_product_attention`` through attntune until the matching
     :func:`disable`. Re-entrant (a depth counter) and thread-safe; the patch is process-wide, so it
@@ -715,7 +717,6 @@ def enable() -> None:
     global _depth, _saved
     with _PATCH_LOCK:
         if _depth == 0:
-            _torchscript_sees_torchs()
             current = F.scaled_dot_product_attention
             _saved = _torch_sdpa if current is _patched_sdpa else current
             F.scaled_dot_product_attention = _patched_sdpa

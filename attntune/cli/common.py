@@ -138,6 +138,10 @@ def write_output(path: "os.PathLike | str", text: str, layers: "Optional[Layered
 
     from sqlalchemy.engine import make_url
 
+    if str(path) == "-":  # standard output, as the usual convention
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return False
     out = Path(path)
     try:
         target = out.expanduser().resolve()
@@ -149,10 +153,6 @@ def write_output(path: "os.PathLike | str", text: str, layers: "Optional[Layered
             raise CliError(f"{path}: is the {label} cache itself; choose another output file")
     if target.is_dir():
         raise CliError(f"{path}: is a directory")
-    if str(path) == "-":  # standard output, as the usual convention
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return False
     try:
         mode = os.stat(out).st_mode  # follows links: /dev/stdout is a link to a pipe or a terminal
     except FileNotFoundError:
