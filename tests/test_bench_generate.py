@@ -280,3 +280,22 @@ def test_each_compiled_case_starts_from_an_empty_dynamo_cache(monkeypatch):
             assert events[0] == "reset" and events.count("reset") == 1, events
         else:
             assert "reset" not in events, events
+
+
+def test_a_compiled_case_where_one_side_compiled_nothing_stays_out_of_the_ratios():
+    """The H100 run's 4th compiled case: SDPA compiled a graph, attntune none (dynamo at its recompile
+    limit), 0.30x — a compiled model against an eager one. It is named in ``compiled_lopsided_cases`` and kept
+    out of the compiled ratios; cases where neither side compiled (a CPU) or both did stay in."""
+    bg = bench_module("bench_generate")
+
+    def case(model, ratio, graphs):
+        return {"model": model, "batch": 8, "prompt": 512, "cache": "static", "ratio": ratio, "compiled": True,
+                "impls": {i: {"dynamo_graphs_compiled": g} for i, g in zip(IMPLS, graphs)}}
+
+    good, bad, cpu = case("llama", 1.8, (1, 1)), case("mistral", 0.3, (1, 0)), case("llama", 1.1, (0, 0))
+    doc = {"cases": [], "compiled": [bad, good, cpu], "compiled_static": bad}
+    s = bg.summarize(doc)
+    assert s["compiled_lopsided_cases"] == ["mistral:8:512:static"]
+    assert s["compiled_min_vs_sdpa"] == 1.1 and abs(s["compiled_geomean_vs_sdpa"] - (1.8 * 1.1) ** 0.5) < 1e-12
+    assert s["compiled_static_vs_sdpa"] is None
+    assert bg.summarize({"cases": [], "compiled": [good], "compiled_static": good})["compiled_static_vs_sdpa"] == 1.8
