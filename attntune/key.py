@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional, Tuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from attntune.device import DeviceFingerprint
-from attntune.problem import AttentionProblem, Align, Mode
+from attntune.problem import SIZE_MAX, AttentionProblem, Align, Mode
 
 
 def bucket(n: int) -> int:
@@ -56,7 +56,7 @@ def log_distance(a: int, b: int) -> float:
 
 
 #: A key's sizes: what a kernel can be launched with (an import of batch=-1 or heads=1e20 was stored valid).
-_Size = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
+_Size = Annotated[int, Field(strict=True, ge=1, le=SIZE_MAX)]
 
 
 class TuneKey(BaseModel):

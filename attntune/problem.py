@@ -67,9 +67,11 @@ KV_DTYPE_NAMES = {v: k for k, v in KV_DTYPES.items()}
 FP8_Q_DTYPES = ("float16", "bfloat16")
 
 
+#: the largest size (batch, heads, lengths, head dim) a key or a --shape takes: kernels index them in 32-bit ints
+SIZE_MAX = 2**31 - 1
 #: a window side at or beyond this admits every key of any sequence that fits in memory: larger sides are
 #: clamped to it (canonicalisation then makes the side unbounded), so no size overflows a kernel's int
-WINDOW_SIDE_MAX = 2**31 - 1
+WINDOW_SIDE_MAX = SIZE_MAX
 
 
 def validate_window(window: Any) -> Optional[Tuple[int, int]]:

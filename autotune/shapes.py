@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional
 
 from pydantic import ValidationError
 
-from attntune.problem import DTYPES, AttentionProblem
+from attntune.problem import DTYPES, SIZE_MAX, AttentionProblem
 from attntune.tolerances import tf32_supported
 
 
@@ -44,9 +44,9 @@ def _int(field: str, raw: str) -> int:
         raise ShapeSpecError(f"field {field}: expected an integer, got {raw!r}") from None
 
 
-#: the largest size a field takes: kernels index lengths and heads in 32-bit integers, and a size past
-#: int64 crashed deep in torch (``randn``: "Overflow when unpacking long long") instead of naming the field
-MAX_SIZE = 2**31 - 1
+#: the largest size a field takes (the keys' bound): a size past int64 crashed deep in torch (``randn``:
+#: "Overflow when unpacking long long") instead of naming the field
+MAX_SIZE = SIZE_MAX
 
 
 def _pos(field: str, raw: str) -> int:
