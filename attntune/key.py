@@ -113,21 +113,53 @@ class TuneKey(BaseModel):
             tf32=self.tf32,
         )
 
+    def _shape_family(self) -> tuple:
+        """The problem's side of a family: everything but the device and the bucketed sizes."""
+        return (self.dtype, self.heads_q, self.heads_kv, self.head_dim, self.head_dim_v, self.causal,
+                self.causal_align, self.window is not None, self.kv_lens, self.mode, self.approx, self.kv_dtype,
+                self.tf32)
+
     def family(self) -> tuple:
         """Everything but the bucketed sizes: keys of one family may stand in for each other."""
-        return (self.device.arch, self.device.name, self.dtype, self.heads_q, self.heads_kv,
-                self.head_dim, self.head_dim_v, self.causal, self.causal_align,
-                self.window is not None, self.kv_lens, self.mode, self.approx, self.kv_dtype, self.tf32)
+        return (self.device.arch, self.device.name) + self._shape_family()
 
-    def distance(self, other: "TuneKey") -> float:
-        """Log-distance over the bucketed sizes (and window sides); inf across families."""
-        if self.family() != other.family():
-            return math.inf
+    def arch_family(self) -> tuple:
+        """:meth:`family` across the devices of one architecture (backend and arch, any name or unit
+        count): where a *sibling* device's winner may stand in (e.g. an H100's row for a GH200 or H200,
+        both sm_90 with 132 multiprocessors) when this device has no usable row of the family."""
+        return (self.device.backend, self.device.arch) + self._shape_family()
+
+    def _size_distance(self, other: "TuneKey") -> float:
         d = (log_distance(self.seqlen_q, other.seqlen_q) + log_distance(self.seqlen_kv, other.seqlen_kv)
              + 0.5 * log_distance(self.batch, other.batch))
         if self.window is not None and other.window is not None:
             d += sum(log_distance(max(a, 0), max(b, 0)) for a, b in zip(self.window, other.window))
         return d
+
+    def distance(self, other: "TuneKey") -> float:
+        """Log-distance over the bucketed sizes (and window sides); inf across families."""
+        if self.family() != other.family():
+            return math.inf
+        return self._size_distance(other)
+
+    def sibling_distance(self, other: "TuneKey") -> float:
+        """:meth:`distance` to a key of another device of the same architecture (:meth:`arch_family`),
+        plus the log2 ratio of their unit counts (a split-K plan sized for 132 multiprocessors fits 114
+        less well); inf for the same device (that is :meth:`distance`) or another architecture.
+
+        >>> from attntune.device import DeviceFingerprint as F
+        >>> h100, h200 = F(backend="cuda", arch="sm_90", name="H100", units=132), F(backend="cuda", arch="sm_90",
+        ...     name="H200", units=132)
+        >>> k = TuneKey(device=h100, dtype="bfloat16", batch=1, heads_q=8, heads_kv=8, seqlen_q=64, seqlen_kv=64,
+        ...             head_dim=64, head_dim_v=64, causal=False, causal_align="bottom_right", window=None,
+        ...             kv_lens=False, mode="fwd", approx=False)
+        >>> a100 = F(backend="cuda", arch="sm_80", name="A100", units=108)
+        >>> [k.sibling_distance(k.model_copy(update={"device": d})) for d in (h200, h100, a100)]
+        [0.0, inf, inf]
+        """
+        if self.device == other.device or self.arch_family() != other.arch_family():
+            return math.inf
+        return self._size_distance(other) + log_distance(self.device.units, other.device.units)
 
     @property
     def key_id(self) -> str:

@@ -3,7 +3,9 @@
 Exact lookup is a dict by ``TuneKey.key_id``. Nearest lookup searches the key's family (same device,
 dtype, heads, head dims, causal/alignment, window class, kv_lens, mode, approx: ``TuneKey.family()``)
 for the smallest ``TuneKey.distance`` — the log2 distance over the bucketed sizes — and refuses
-neighbours farther than :data:`MAX_NEAREST_DISTANCE`.
+neighbours farther than :data:`MAX_NEAREST_DISTANCE`. Sibling lookup (:meth:`CacheIndex.siblings`) does the
+same over the rows of the other devices of this device's architecture (``TuneKey.arch_family()``), for a
+device that has no usable row of the key's family itself (a GH200 served by the shipped H100/H200 rows).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class CacheIndex:
                  error: Optional[str] = None, user_url: Optional[str] = None, timeout_s: float = 0.1):
         self.by_id: Dict[str, WinnerRecord] = {}
         self.by_family: Dict[tuple, List[WinnerRecord]] = defaultdict(list)
+        #: the same rows by ``TuneKey.arch_family()`` (every device of one architecture)
+        self.by_arch_family: Dict[tuple, List[WinnerRecord]] = defaultdict(list)
         self.layers = layers
         self.error = error
         self.user_url = user_url
@@ -82,11 +86,12 @@ class CacheIndex:
         """Index one record (used at load time and by the online policy after tuning a key)."""
         with self._lock:
             old = self.by_id.get(rec.key_id)
-            fam = self.by_family[rec.key.family()]
-            if old is not None:
-                fam[:] = [r for r in fam if r.key_id != rec.key_id]
+            fams = (self.by_family[rec.key.family()], self.by_arch_family[rec.key.arch_family()])
+            for fam in fams:
+                if old is not None:
+                    fam[:] = [r for r in fam if r.key_id != rec.key_id]
+                fam.append(rec)
             self.by_id[rec.key_id] = rec
-            fam.append(rec)
 
     @property
     def user(self) -> Optional[CacheStore]:
@@ -124,6 +129,20 @@ class CacheIndex:
             if rec.key_id == key.key_id:
                 continue
             d = key.distance(rec.key)
+            if d <= max_distance:
+                out.append((d, rec))
+        out.sort(key=lambda t: (t[0], t[1].median_ms))
+        return out
+
+    def siblings(self, key: TuneKey, max_distance: float = MAX_NEAREST_DISTANCE
+                 ) -> List[Tuple[float, WinnerRecord]]:
+        """Rows of ``key``'s family tuned on *other* devices of its architecture, within ``max_distance``
+        (``TuneKey.sibling_distance``: the sizes' distance plus the log2 ratio of the unit counts), nearest
+        first (ties: faster row first). Their configs were measured elsewhere: a plan from them is a
+        better first guess than the rule table, not a measurement of this device."""
+        out = []
+        for rec in self.by_arch_family.get(key.arch_family(), ()):
+            d = key.sibling_distance(rec.key)
             if d <= max_distance:
                 out.append((d, rec))
         out.sort(key=lambda t: (t[0], t[1].median_ms))

@@ -18,11 +18,17 @@ from attntune.key import TuneKey, config_key
 from attntune.problem import AttentionProblem
 
 #: where a plan came from:
-#: ``tuned`` — the exact key's cached winner; ``nearest`` — the winner of the nearest tuned bucket;
+#: ``tuned`` — the exact key's cached winner; ``hint`` — its row tuned here under other software versions;
+#: ``nearest`` — the winner of the nearest tuned bucket; ``sibling`` — a row tuned on another device of the
+#: same architecture (e.g. an H100's for an H200);
 #: ``heuristic`` — the rule table of :mod:`attntune.policies.policy`; ``fixed`` — ``ATTNTUNE_POLICY=fixed:NAME``;
 #: ``online`` — tuned in this process by the online policy; ``fallback`` — the safe variant (torch SDPA,
 #: else eager): ``ATTNTUNE_DISABLE``, above ``ATTNTUNE_MAX_SEQLEN``, or after the planned variant failed.
-Source = Literal["tuned", "hint", "nearest", "heuristic", "fixed", "online", "fallback"]
+Source = Literal["tuned", "hint", "nearest", "sibling", "heuristic", "fixed", "online", "fallback"]
+
+
+_MEASURED_WHERE = {"nearest": "  (measured at the neighbouring bucket)",
+                   "sibling": "  (measured on a sibling device)"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,7 +36,8 @@ class Plan:
     """The implementation one problem is dispatched to.
 
     ``expected_ms`` is the measured median of the row the plan came from (for ``nearest`` it was
-    measured at the neighbour's bucket, not at this shape); None when nothing was measured.
+    measured at the neighbour's bucket, not at this shape; for ``sibling`` on another device); None when
+    nothing was measured.
     ``reasons`` says why, in the order the decision was made (first: what was looked up; last: what
     was chosen).
     """
@@ -82,7 +89,7 @@ class Plan:
         if self.expected_ms is not None:
             spread = f" ±{self.expected_spread * 100:.1f}%" if self.expected_spread is not None else ""
             lines.append(f"expected  {self.expected_ms:.4f} ms{spread}"
-                         + ("  (measured at the neighbouring bucket)" if self.source == "nearest" else ""))
+                         + _MEASURED_WHERE.get(self.source, ""))
         if self.runner_up:
             lines.append(f"runner-up {self.runner_up}"
                          + (f"  {self.runner_up_ms:.4f} ms" if self.runner_up_ms is not None else ""))

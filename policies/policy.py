@@ -3,7 +3,12 @@
 * ``tuned`` (default): the exact key's cached winner → its *hint* (the key's row tuned on this device
   under other torch/triton/CUDA versions with the same variant source: still a correct implementation
   and very likely a good one; counted as a miss) → the nearest tuned bucket of the same family
-  (``TuneKey.family()``, within :data:`~attntune.policies.index.MAX_NEAREST_DISTANCE`) → heuristic.
+  (``TuneKey.family()``, within :data:`~attntune.policies.index.MAX_NEAREST_DISTANCE`) → a *sibling*
+  device's row (same backend and architecture, another name or unit count: the exact key first, then its
+  nearest bucket, ``TuneKey.sibling_distance``; counted as a miss) → heuristic. A sibling's configs were
+  measured on another card of the same architecture: the same tiles, warps and stages fit (shared memory
+  and registers are per architecture), split counts may be a little off (they depend on the unit count,
+  which the distance weighs) — better than the rule table, which knows nothing of the shape.
 * ``heuristic``: the rule table :data:`HEURISTIC_RULES` below, for devices nobody tuned.
 * ``fixed:NAME``: one variant for everything it supports; the safe fallback for the rest.
 * ``online``: like ``tuned``, but an untuned key is tuned in place (``attntune.autotune.tune_one``,
@@ -347,6 +352,11 @@ def resolve(problem: AttentionProblem, key: TuneKey, cfg: RuntimeConfig, index_f
             return p, True
     if index.by_family.get(key.family()):
         notes.append(f"no usable tuned bucket of this family within distance {MAX_NEAREST_DISTANCE:.1f}")
+    for dist, rec in index.siblings(key):
+        p = _from_record(rec, "sibling", problem, key, quarantine, notes,
+                         f"sibling device {rec.key.device.label()}, key {rec.key.short()} (distance {dist:.2f})")
+        if p is not None:
+            return p, True
     return heuristic_plan(problem, key, quarantine, notes), True
 
 

@@ -284,6 +284,78 @@ def test_tuned_nearest_and_heuristic_plans():
     assert sq == 90
 
 
+def _on_device(rec: WinnerRecord, **device) -> WinnerRecord:
+    """``rec`` as if tuned on another device (``device``: fields of the fingerprint that differ)."""
+    key = rec.key.model_copy(update={"device": rec.key.device.model_copy(update=device)})
+    return rec.model_copy(update={"key": key})
+
+
+def test_rows_of_a_sibling_device_stand_in_where_this_device_has_none():
+    """A row tuned on another device of this architecture (an H100's on an H200) serves a key this device
+    has no usable row of its family for: source "sibling", counted as a miss; the same key's row of the
+    sibling first, then its nearest bucket; another architecture never; this device's own nearest bucket
+    before any sibling; of two siblings the one with this device's unit count first."""
+    q, k, v = rand_qkv(2, 4, 4, 64, 64, 16)
+    base = _record(q, k, v, "sdpa_math", causal=True)
+    units = base.key.device.units
+    st = _user_store()
+    st.upsert_winner(_on_device(base, name="Sibling X", units=units * 2))  # same arch, twice the units
+    st.upsert_winner(_on_device(_record(q, k, v, "eager", causal=True), name="Sibling Y"))  # same arch and units
+    st.upsert_winner(_on_device(_record(q, k, v, "sdpa_default", causal=True), arch="other-arch", name="Z"))
+    st.dispose()
+    attntune.reset()
+    plan = attntune.explain(q, k, v, causal=True)
+    assert (plan.source, plan.variant) == ("sibling", "eager"), plan.describe()
+    assert any("sibling device" in r and "Sibling Y" in r for r in plan.reasons)
+    assert "measured on a sibling device" in plan.describe()
+    out = attntune.attention(q, k, v, causal=True)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, is_causal=True), atol=3e-5, rtol=1e-5)
+    assert [p["miss"] for p in attntune.stats()["plans"] if p["source"] == "sibling"] == [True]
+
+    # a nearby bucket (96: distance 1.2 with Sibling Y's row) is still a sibling's
+    qn, kn, vn = rand_qkv(2, 4, 4, 90, 90, 16)
+    assert attntune.explain(qn, kn, vn, causal=True).source == "sibling"
+    # another family (not causal): no row anywhere of it, heuristics decide
+    assert attntune.explain(q, k, v).source == "heuristic"
+
+    # this device's own neighbouring bucket beats the sibling's exact key
+    q2, k2, v2 = rand_qkv(2, 4, 4, 90, 90, 16)
+    st = _user_store()
+    st.upsert_winner(_record(q2, k2, v2, "sdpa_math", causal=True))
+    st.dispose()
+    attntune.reset()
+    plan = attntune.explain(q, k, v, causal=True)
+    assert (plan.source, plan.variant) == ("nearest", "sdpa_math")
+
+
+def test_doctor_counts_the_rows_of_sibling_devices():
+    from typer.testing import CliRunner
+
+    from attntune.cli import app
+
+    q, k, v = rand_qkv(1, 2, 2, 32, 32, 16)
+    st = _user_store()
+    st.upsert_winner(_record(q, k, v, "eager"))
+    st.upsert_winner(_on_device(_record(q, k, v, "eager", causal=True), name="Sibling Y", units=7))
+    st.upsert_winner(_on_device(_record(q, k, v, "eager", causal=True), arch="other-arch", name="Z"))
+    st.dispose()
+    res = CliRunner().invoke(app, ["doctor", "--json"])
+    rows = json.loads(res.output)["device_rows"]
+    assert rows == {"this_device": 1, "siblings": {"Sibling Y (7 units)": 1}}, rows
+    text = CliRunner().invoke(app, ["doctor"]).output
+    assert "1 valid rows were tuned on this device; 1 on other" in " ".join(text.split()), text
+
+
+def test_only_sibling_rows_of_another_architecture_leave_the_heuristic():
+    q, k, v = rand_qkv(1, 2, 2, 32, 32, 16)
+    st = _user_store()
+    st.upsert_winner(_on_device(_record(q, k, v, "eager"), arch="other-arch", name="Z"))
+    st.upsert_winner(_on_device(_record(q, k, v, "eager"), backend="rocm", name="W"))
+    st.dispose()
+    plan = attntune.explain(q, k, v)
+    assert plan.source == "heuristic", plan.describe()
+
+
 def test_cached_row_unusable_for_the_actual_problem_is_skipped():
     """A row whose variant cannot run this problem (here: excluded by ATTNTUNE_VARIANTS) is not used."""
     q, k, v = rand_qkv(2, 4, 4, 32, 32, 16)

@@ -300,6 +300,22 @@ def _tf32_line(device_type: str) -> dict:
                    "TF32 dots (their own keys: ~4.7x SDPA forward on an H200, benchmarks/results/probe_tf32_h200.json)"}
 
 
+def _device_rows(rows, fp) -> Dict[str, Any]:
+    """Valid rows of this device, and per other device of its backend and architecture (the *sibling*
+    rows dispatch falls back to: :meth:`attntune.policies.index.CacheIndex.siblings`)."""
+    mine, sib, seen = 0, Counter(), set()
+    for r in rows:
+        if r.status != "valid" or r.record is None or r.key_id in seen:  # a key in both layers counts once
+            continue
+        seen.add(r.key_id)
+        d = r.record.key.device
+        if d == fp:
+            mine += 1
+        elif (d.backend, d.arch) == (fp.backend, fp.arch):
+            sib[f"{d.name} ({d.units} units)"] += 1
+    return {"this_device": mine, "siblings": dict(sorted(sib.items()))}
+
+
 @app.command()
 def doctor(
     cache: Optional[str] = typer.Option(None, "--cache", help="User cache path or SQLAlchemy URL."),
@@ -346,7 +362,8 @@ def doctor(
         "python": sys.version.split()[0], "platform": platform.platform(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "float32_tf32": _tf32_line(dev.type),
-        "caches": caches, "variants": variants, "unavailable_modules": UNAVAILABLE,
+        "caches": caches, "device_rows": _device_rows(rows, fp), "variants": variants,
+        "unavailable_modules": UNAVAILABLE,
     }
     if as_json:
         print(json.dumps(report, indent=2, default=str))
@@ -363,6 +380,13 @@ def doctor(
         console.print(f"[bold]hints[/bold]    {hints} stale rows were tuned under other torch/triton/CUDA versions "
                       "with today's variant sources: dispatch uses them as hints (below exact rows); "
                       "`attntune tune --revalidate` re-times them for this software")
+    sib = report["device_rows"]["siblings"]
+    if sib:  # one info line: other cards of this architecture (attntune.policies.policy, source "sibling")
+        console.print(f"[bold]siblings[/bold] {report['device_rows']['this_device']} valid rows were tuned on this "
+                      f"device; {sum(sib.values())} on other {fp.arch} devices ("
+                      + ", ".join(f"{n}: {c}" for n, c in sib.items())
+                      + ") stand in for keys this device has no usable row of its own for; `attntune tune` "
+                        "measures them here")
     busy = sum(c.get("busy") or 0 for c in caches)
     if busy:  # one info line (WinnerRecord.busy): valid rows whose times another process inflated
         console.print(f"[bold]busy CPU[/bold] {busy} rows were measured while other processes kept the tuner "
