@@ -37,6 +37,26 @@ def test_show_table_and_json(tmp_path, monkeypatch):
     assert r.exit_code != 0 and "--status" in r.output
 
 
+def test_show_says_how_many_left_out_rows_belong_to_other_devices(tmp_path, monkeypatch):
+    """On a CPU machine the shipped cache's GPU rows are stale (other torch): the line under the table says
+    they are another device's, not a broken cache."""
+    db = tmp_path / "u.db"
+    monkeypatch.setenv("ATTNTUNE_CACHE", str(db))
+    monkeypatch.setenv("ATTNTUNE_SYSTEM_CACHE", "")
+    st = _seed(db, n=1)
+    rec = make_rec(key=make_key(sq=512))
+    gpu = rec.key.device.model_copy(update={"backend": "cuda", "arch": "sm_90", "name": "NVIDIA H200", "units": 132})
+    st.upsert_winner(rec.model_copy(update={"key": rec.key.model_copy(update={"device": gpu}),
+                                            "fingerprint": rec.fingerprint.model_copy(update={"torch": "1.0"})}))
+    st.dispose()
+    r = runner.invoke(app, ["show"])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 0 and "1 more row not shown (1 stale)" in text, r.output
+    assert "1 of them was tuned on other devices (NVIDIA H200: 1)." in text, r.output
+    r = runner.invoke(app, ["show", "--status", "stale"])
+    assert "tuned on other devices" not in " ".join(r.output.split())  # the valid CPU row left out is this device's
+
+
 def test_export_import_round_trip(tmp_path, monkeypatch):
     src = tmp_path / "src.db"
     monkeypatch.setenv("ATTNTUNE_CACHE", str(src))

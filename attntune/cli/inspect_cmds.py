@@ -70,9 +70,10 @@ def show(
     for r in rows:
         table.add_row(*map(escape, _show_cells(r)))  # cached text is data, never rich markup
     console.print(table)
-    hidden = Counter(r.status for r in matching if status != "all" and r.status != status)
+    left_out = [r for r in matching if status != "all" and r.status != status]
+    hidden = Counter(r.status for r in left_out)
     if hidden:
-        console.print(_hidden_line(hidden))
+        console.print(_hidden_line(hidden) + _elsewhere(left_out))
     elif not rows:
         console.print("No rows. Run [bold]attntune tune[/bold] to measure this machine.")
 
@@ -85,6 +86,24 @@ def _hidden_line(hidden: Counter) -> str:
     first = next(s for s in STATUSES if hidden[s])
     return (f"{n} more {'row' if n == 1 else 'rows'} not shown ({counts}): see them with "
             f"[bold]--status all[/bold] (or --status {first}).")
+
+
+def _elsewhere(rows) -> str:
+    """How many of the rows ``show`` left out were tuned on other devices than this one (the shipped
+    cache's GPU rows on a CPU machine: stale here by software versions, and of no use to this device anyway
+    — except as a same-architecture *sibling*'s, see :func:`attntune.policies.index.CacheIndex.siblings`)."""
+    from attntune.device import default_device, device_fingerprint
+
+    try:
+        here = device_fingerprint(default_device())
+    except Exception:  # noqa: BLE001 — an informational line must never fail the command
+        return ""
+    names = Counter(r.record.key.device.name for r in rows if r.record is not None and r.record.key.device != here)
+    if not names:
+        return ""
+    n = sum(names.values())
+    return (f" {n} of them {'was' if n == 1 else 'were'} tuned on other devices ("
+            + ", ".join(f"{name}: {c}" for name, c in sorted(names.items())) + ").")
 
 
 def _show_cells(r) -> List[str]:
