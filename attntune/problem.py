@@ -304,35 +304,72 @@ class AttentionProblem(BaseModel):
     def softmax_scale(self) -> float:
         return self.scale if self.scale is not None else self.head_dim ** -0.5
 
-    def attended_pairs(self) -> int:
-        """Number of (query, key) pairs the mask admits, per batch element and head (kv_lens ignored)."""
-        i = torch.arange(self.seqlen_q, dtype=torch.int64) + self.offset
+    def timed_kv_lens(self) -> Optional[Tuple[int, ...]]:
+        """The ``[B]`` valid lengths every timed call of a ``kv_lens`` problem uses (None without
+        ``kv_lens``): sequence ``b`` holds ``Skv - (b * Skv) // (2 B)`` keys — the first the full length (the
+        KV capacity, which sets a split-K launch's grid), the rest spread evenly down to just above half of it,
+        as a serving batch's sequences are; B = 1: the full length. The tuner times at these
+        (``autotune.gate.timing_kv_lens``), so :meth:`flops` and :meth:`bytes_moved` count them.
+
+        >>> AttentionProblem(batch=4, heads_q=1, heads_kv=1, seqlen_q=1, seqlen_kv=100, head_dim=8, head_dim_v=8,
+        ...                  dtype="float32", kv_lens=True).timed_kv_lens()
+        (100, 88, 75, 63)
+        """
+        if not self.kv_lens:
+            return None
+        b, skv = self.batch, max(self.seqlen_kv, 1)
+        return tuple(max(skv - (i * skv) // (2 * b), 1) for i in range(b))
+
+    def _admitted(self, seqlen_kv: int) -> Tuple[int, int]:
+        """For one sequence of ``seqlen_kv`` keys (its own length: with ``kv_lens`` the bottom-right diagonal
+        sits at it): the (query, key) pairs the mask admits, and the keys at least one query attends. Each
+        row's admitted keys are one interval, and consecutive rows' intervals move by at most one key, so
+        the keys attended are the span from the first non-empty row's start to the last one's end."""
+        off = seqlen_kv - self.seqlen_q if self.causal_align == "bottom_right" else 0
+        i = torch.arange(self.seqlen_q, dtype=torch.int64) + off
         lo = torch.zeros_like(i)
-        hi = torch.full_like(i, self.seqlen_kv - 1)
+        hi = torch.full_like(i, seqlen_kv - 1)
         left, right = self.window_bounds
         if left is not None:
             lo = torch.clamp(i - left, min=0)
         if right is not None:
-            hi = torch.clamp(i + right, max=self.seqlen_kv - 1)
-        return int((hi - lo + 1).clamp(min=0).sum())
+            hi = torch.clamp(i + right, max=seqlen_kv - 1)
+        n = (hi - lo + 1).clamp(min=0)
+        rows = n > 0
+        keys = int(hi[rows].max() - lo[rows].min() + 1) if bool(rows.any()) else 0
+        return int(n.sum()), keys
+
+    def attended_pairs(self) -> int:
+        """Number of (query, key) pairs the mask admits, per batch element and head (kv_lens ignored)."""
+        return self._admitted(self.seqlen_kv)[0]
+
+    def _per_sequence(self, what: int) -> int:
+        """The sum over the batch of :meth:`_admitted`'s ``what`` (0: pairs, 1: keys), at the timed lengths
+        of a ``kv_lens`` problem and at ``Skv`` otherwise."""
+        lens = self.timed_kv_lens()
+        if lens is None:
+            return self.batch * self._admitted(self.seqlen_kv)[what]
+        return sum(self._admitted(n)[what] for n in lens)
 
     def flops(self) -> float:
-        """FLOPs: 4*D per admitted (q, k) pair (QK^T and PV) times B*Hq — so causal is about half of
-        4*B*H*Sq*Skv*D; forward+backward counts 3.5x the forward (as the baselines do)."""
+        """FLOPs: 4*D per admitted (q, k) pair (QK^T and PV) times Hq, summed over the batch — so causal is
+        about half of 4*B*H*Sq*Skv*D; a ``kv_lens`` problem counts the keys its timed lengths hold
+        (:meth:`timed_kv_lens`); forward+backward counts 3.5x the forward (as the baselines do)."""
         d = (self.head_dim + self.head_dim_v) / 2
-        f = 4.0 * self.batch * self.heads_q * self.attended_pairs() * d
+        f = 4.0 * self.heads_q * self._per_sequence(0) * d
         return f * (3.5 if self.mode == "fwd_bwd" else 1.0)
 
     def bytes_moved(self) -> float:
-        """Fewest bytes a forward must move: Q, K, V read once, O written once (K/V at their FP8 size
-        where ``kv_dtype`` is set)."""
+        """Fewest bytes a forward must move: Q read and O written once, and the K/V rows some query attends
+        read once — a window's span, not the whole cache, and for a ``kv_lens`` problem the keys of its
+        timed lengths (:meth:`timed_kv_lens`) — K/V at their FP8 size where ``kv_dtype`` is set. (Counting
+        every key of the cache made a windowed FP8 decode key read 7.2 TB/s on a 3.35 TB/s H100.)"""
         es = self.torch_dtype.itemsize
         kes = es if self.kv_dtype is None else KV_DTYPES[self.kv_dtype].itemsize
         q = self.batch * self.heads_q * self.seqlen_q * self.head_dim
-        k = self.batch * self.heads_kv * self.seqlen_kv * self.head_dim
-        v = self.batch * self.heads_kv * self.seqlen_kv * self.head_dim_v
         o = self.batch * self.heads_q * self.seqlen_q * self.head_dim_v
-        return float((q + o) * es + (k + v) * kes)
+        kv = self.heads_kv * self._per_sequence(1) * (self.head_dim + self.head_dim_v)
+        return float((q + o) * es + kv * kes)
 
     def short(self) -> str:
         s = (f"B{self.batch} H{self.heads_q}/{self.heads_kv} S{self.seqlen_q}x{self.seqlen_kv} "

@@ -121,13 +121,10 @@ def _kv_lens(problem: AttentionProblem, g: torch.Generator, device) -> torch.Ten
 
 
 def timing_kv_lens(problem: AttentionProblem, device) -> torch.Tensor:
-    """The ``[B]`` int32 lengths every timed call of a ``kv_lens`` key uses, whatever the seed: sequence
-    ``i`` holds ``Skv - (i * Skv) // (2 B)`` keys — the first the key's full length (its KV capacity,
-    which sets a split-K launch's grid), the rest spread evenly down to just above half of it, as a
-    serving batch's sequences are. B = 1: the full length."""
-    b, skv = problem.batch, max(problem.seqlen_kv, 1)
-    i = torch.arange(b, device=device, dtype=torch.int64)
-    return (skv - (i * skv) // (2 * b)).clamp_(min=1).to(torch.int32)
+    """The ``[B]`` int32 lengths every timed call of a ``kv_lens`` key uses, whatever the seed
+    (:meth:`AttentionProblem.timed_kv_lens`: the full length first, the rest spread evenly down to just above
+    half of it, as a serving batch's sequences are)."""
+    return torch.tensor(problem.timed_kv_lens(), device=device, dtype=torch.int32)
 
 
 @contextmanager

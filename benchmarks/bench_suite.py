@@ -138,7 +138,10 @@ def main():
         with torch.no_grad():
             prob = problem_from_tensors(q, k, v, causal=cs["causal"], window=window, kv_lens=kv_lens,
                                         mode="fwd_bwd" if bwd else "fwd")
-        row = {**cs, "key": prob.short(), "flops": prob.flops(), "precision": prec, "ms": {}, "errors": {}}
+        # kv_lens are the full length here: count every key (flops() of a kv_lens problem counts the tuner's
+        # timed lengths, AttentionProblem.timed_kv_lens)
+        flops = prob.model_copy(update={"kv_lens": False}).flops()
+        row = {**cs, "key": prob.short(), "flops": flops, "precision": prec, "ms": {}, "errors": {}}
 
         def at(q_, k_, v_):
             return attntune.attention(q_, k_, v_, causal=cs["causal"], window=window, kv_lens=kv_lens)
@@ -195,7 +198,7 @@ def main():
         if "attntune" in ms and "flex" in ms:
             row["vs_flex"] = ms["flex"] / ms["attntune"]
         if "attntune" in ms:
-            row["tflops"] = prob.flops() / (ms["attntune"] * 1e-3) / 1e12
+            row["tflops"] = flops / (ms["attntune"] * 1e-3) / 1e12
             if cs["group"] == "decode":
                 kv_bytes = 2 * k.numel() * k.element_size()
                 row["tbps"] = kv_bytes / (ms["attntune"] * 1e-3) / 1e12

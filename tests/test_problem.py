@@ -91,3 +91,34 @@ def test_resized_equals_model_copy(window):
     assert (p.batch, p.seqlen_q, p.seqlen_kv) == (2, 3, 77)
     with pytest.raises(Exception):
         r.batch = 7  # frozen like any AttentionProblem
+
+
+@pytest.mark.parametrize("b, sq, skv, causal, window, lens, align", [
+    (1, 1, 300, False, (40, -1), False, "bottom_right"),   # a decode row in a window: 41 keys read, not 300
+    (3, 1, 77, False, None, True, "bottom_right"),         # kv_lens decode: the timed lengths' keys
+    (5, 1, 131, False, (20, -1), True, "bottom_right"),    # both
+    (2, 6, 45, True, (9, 0), True, "bottom_right"),        # chunked prefill over a padded cache
+    (2, 6, 45, True, (3, 2), True, "top_left"),
+    (2, 17, 17, True, None, False, "bottom_right"),        # causal prefill: every key is read
+    (1, 9, 4, True, None, False, "bottom_right"),          # more queries than keys: rows with no key
+    (2, 5, 30, False, (0, 0), False, "top_left"),          # a diagonal: 5 keys of 30
+])
+def test_flops_and_bytes_count_what_the_mask_and_the_timed_lengths_admit(b, sq, skv, causal, window, lens, align):
+    """Against the materialised mask of the timed ``kv_lens`` (kernels.masks, independent of problem.py's
+    interval arithmetic): pairs = admitted entries, keys read = columns with any admitted entry."""
+    from attntune.kernels.masks import build_mask
+
+    p = AttentionProblem(batch=b, heads_q=4, heads_kv=2, seqlen_q=sq, seqlen_kv=skv, head_dim=8, head_dim_v=16,
+                         dtype="float16", causal=causal, window=window, kv_lens=lens, causal_align=align)
+    kv = torch.tensor(p.timed_kv_lens()) if lens else None
+    m = build_mask(p, "cpu", kv)
+    if m is None:
+        m = torch.ones(sq, skv, dtype=torch.bool)
+    if kv is not None:
+        m = m[:, 0] & (torch.arange(skv)[None, None, :] < kv[:, None, None])  # [B, Sq, Skv]
+    else:
+        m = m.expand(b, sq, skv)
+    pairs, keys = int(m.sum()), int(m.any(dim=1).sum())
+    assert p.flops() == 4 * 4 * pairs * 12  # Hq=4, mean head dim (8 + 16) / 2
+    q_o = b * 4 * sq * (8 + 16) * 2
+    assert p.bytes_moved() == q_o + 2 * keys * (8 + 16) * 2
