@@ -371,6 +371,12 @@ class AttentionProblem(BaseModel):
         kv = self.heads_kv * self._per_sequence(1) * (self.head_dim + self.head_dim_v)
         return float((q + o) * es + kv * kes)
 
+    def rates(self, ms: float) -> Tuple[float, float]:
+        """``(TFLOP/s, TB/s)`` of a forward (or forward+backward) measured at ``ms`` milliseconds: :meth:`flops`
+        and :meth:`bytes_moved` over the time — the figures a cache row stores beside its median."""
+        s = ms * 1e-3
+        return self.flops() / s / 1e12, self.bytes_moved() / s / 1e12
+
     def short(self) -> str:
         s = (f"B{self.batch} H{self.heads_q}/{self.heads_kv} S{self.seqlen_q}x{self.seqlen_kv} "
              f"D{self.head_dim} {self.dtype}")

@@ -84,10 +84,11 @@ def _revalidate_one(rec: WinnerRecord, device: torch.device, timing: Optional[Ti
     base = next((c for c in timed if c.baseline), None)
     other = min((c for c in timed if c is not win), key=lambda c: c.ms, default=None)
     g = gate.check(registry.get(win.name), win.config, inputs)
+    tflops, tbps = problem.rates(win.ms)
     new = WinnerRecord(
         key=rec.key, variant=win.name, config=win.config, median_ms=win.ms, spread=win.noise,
         busy=busy_share(timed, win, known=timer.contention is not None),
-        tflops=problem.flops() / (win.ms * 1e-3) / 1e12, tbps=problem.bytes_moved() / (win.ms * 1e-3) / 1e12,
+        tflops=tflops, tbps=tbps,
         runner_up=other.name if other else None, runner_up_config=other.config if other else None,
         runner_up_ms=other.ms if other else None, sdpa_default_ms=base.ms if base else None,
         max_error=g.max_error, rel_error=g.rel_error,

@@ -537,13 +537,14 @@ class KeyTuner:
             base_ms = self._baseline_ms(ok, space, inputs)
         p = self.problem
         variant = space.get(bname).variant
+        tflops, tbps = p.rates(ms)
         rec = WinnerRecord(
             key=self.key,
             variant=bname,
             config=bcfg,
             median_ms=ms,
-            tflops=p.flops() / (ms * 1e-3) / 1e12,
-            tbps=p.bytes_moved() / (ms * 1e-3) / 1e12,
+            tflops=tflops,
+            tbps=tbps,
             runner_up=rname,
             runner_up_config=rcfg,
             runner_up_ms=runner_ms,

@@ -23,7 +23,7 @@ def recount(path: str, dry_run: bool = False) -> list:
         if not ms:
             continue
         p = TuneKey.model_validate_json(key_json).representative()
-        new = (p.flops() / (ms * 1e-3) / 1e12, p.bytes_moved() / (ms * 1e-3) / 1e12)
+        new = p.rates(ms)
         if tflops is None or tbps is None or any(abs(a - b) > 1e-9 * max(abs(b), 1) for a, b in zip(new, (tflops, tbps))):
             changed.append({"key": p.short(), "tflops": [tflops, new[0]], "tbps": [tbps, new[1]]})
             if not dry_run:
