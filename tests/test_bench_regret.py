@@ -63,8 +63,8 @@ def _regret_module():
 
 
 def test_reference_order_puts_the_budget_winner_first_and_interleaves_variants(monkeypatch):
-    """A reference search cut short by its time share must still have measured the budgeted winner and
-    every variant's default, and a random part of every variant's sample (not one variant's whole grid)."""
+    """A reference search cut short by its time share must still have measured the budgeted winner (first
+    of all) and every variant's default, and a random part of every variant's sample (not one variant's whole grid)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # triton_decode is a candidate on the CPU only interpreted
     regret = _regret_module()
     p = regret._p(2, 8, 2, 16, 300, 32, dtype="float32", device="cpu", causal=True, window=(64, 0))
@@ -77,7 +77,8 @@ def test_reference_order_puts_the_budget_winner_first_and_interleaves_variants(m
     assert all(info[n]["listed"] <= 6 + 2 for n in multi)
     n_first = len(names) + 1  # every variant's default, plus the kept config (not a default: see below)
     head = order[:n_first]
-    assert kept in head and {n for n, _ in head} == set(names) and head.count(kept) == 1
+    # the budgeted winner before every default: slow defaults (eager, SDPA math) must not spend the share
+    assert order[0] == kept and head.count(kept) == 1 and {n for n, _ in head} == set(names)
     assert sum(n == "triton_flash" for n, _ in head) == 2
     sampled = [n for n, _ in order[n_first:]]
     for r in range(3):  # round-robin: each round takes one config of every multi-config variant
