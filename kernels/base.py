@@ -174,6 +174,25 @@ class Variant(abc.ABC):
         out [B, Hq, Sq, Dv] in q's dtype, with the mask semantics of :mod:`attntune.problem`.
         Differentiable when ``problem.mode == "fwd_bwd"``."""
 
+    def forward_saving(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem,
+                       config: Config, kv_lens: Optional[torch.Tensor] = None
+                       ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """The forward of a training call (``problem.mode == "fwd_bwd"``) split from its backward, for the
+        compiled op (``attntune::attention``), whose backward otherwise recomputes the forward: the output
+        and the row log-sum-exp ``lse [B, Hq, Sq]`` float32 (natural log of the sum of
+        ``exp(scale * q.k)`` over the admitted keys), without autograd — or ``None`` when this variant (or
+        this call) keeps no such residuals. Default ``None``."""
+        return None
+
+    def backward_saved(self, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, problem: AttentionProblem, config: Config,
+                       kv_lens: Optional[torch.Tensor] = None
+                       ) -> Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """dq, dk, dv of the call whose :meth:`forward_saving` returned ``(out, lse)`` (same problem and
+        config) — or ``None`` exactly where :meth:`forward_saving` returns ``None`` (``lse`` is then not
+        this call's: the caller recomputes). Called only on variants that override :meth:`forward_saving`."""
+        raise NotImplementedError(f"{self.name} keeps no forward residuals")
+
     @functools.cached_property
     def _hash(self) -> str:
         h = hashlib.sha1(self.name.encode())

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attntune.key import bucket
+from attntune.kernels.base import Variant as _Variant
 from attntune.policies import runtime as _runtime
 from attntune.policies.plan import Plan
 from attntune.policies.policy import fallback_plan
@@ -578,9 +579,11 @@ def _run_slot(sig, slot: Slot, q, k, v, kv_lens) -> Tensor:
 def _compiled(q, k, v, kv_lens, causal, top_left: bool, window, scale, approx) -> Tensor:
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     wl, wr = window if window is not None else (NO_WINDOW, NO_WINDOW)
-    return torch.ops.attntune.attention(q, k, v, kv_lens, bool(causal), top_left, wl, wr,
-                                        None if scale is None else float(scale),
-                                        -1 if approx is None else int(bool(approx)), grad)
+    scale = None if scale is None else float(scale)
+    approx = -1 if approx is None else int(bool(approx))
+    if grad:  # a training call: the op that keeps the forward's residuals for its backward
+        return torch.ops.attntune.attention_train(q, k, v, kv_lens, bool(causal), top_left, wl, wr, scale, approx)[0]
+    return torch.ops.attntune.attention(q, k, v, kv_lens, bool(causal), top_left, wl, wr, scale, approx, False)
 
 
 def _op_slot(q, k, v, kv_lens, causal, top_left, wl, wr, scale, approx, grad) -> Tuple[tuple, Slot]:
@@ -627,6 +630,10 @@ def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv
     """dq, dk, dv of :func:`_attention_op` by recomputing its forward with the same plan (resolved for
     ``mode="fwd_bwd"``) under ``enable_grad`` and differentiating it."""
     sig, slot = _op_slot(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, True)
+    return _recompute_grads(sig, slot, grad_out, q, k, v, kv_lens)
+
+
+def _recompute_grads(sig, slot: Slot, grad_out, q, k, v, kv_lens) -> Tuple[Tensor, Tensor, Tensor]:
     with _autograd_reenabled(), torch.enable_grad():
         qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
         out = _run_slot(sig, slot, qg, kg, vg, kv_lens)
@@ -664,6 +671,102 @@ def _backward(ctx, grad_out):
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# A training call under torch.compile. ``attntune::attention``'s backward can only recompute the forward
+# (its variant is a black box behind the op), one more forward per step; this op returns the residuals of a
+# variant that splits its forward from its backward (Variant.forward_saving: the flash kernels' row LSE)
+# with the output, and its backward runs that variant's backward from them.
+def _splitting(slot: Slot):
+    """The slot's variant when it may split its forward from its backward, else None."""
+    impl = None if slot.plan is None else slot.plan.impl
+    if impl is None or type(impl).forward_saving is _Variant.forward_saving:
+        return None
+    return impl
+
+
+@torch.library.custom_op("attntune::attention_train", mutates_args=())
+def _attention_train_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor], causal: bool, top_left: bool,
+                        window_left: int, window_right: int, scale: Optional[float],
+                        approx: int) -> Tuple[Tensor, Tensor]:
+    """``(out, lse)``: ``out`` as ``attntune::attention`` (contiguous ``[B, Hq, Sq, Dv]``) for a call that
+    needs gradients; ``lse [B, Hq, Sq]`` float32, the row log-sum-exp the plan's variant kept for its
+    backward (:meth:`Variant.forward_saving`), or NaN where it keeps none — its backward then recomputes
+    the forward. (NaN, not zeros: residuals read by another plan's backward — only possible when
+    ``attntune.reset()`` runs between a forward and its backward — give NaN gradients, never silently
+    wrong ones.)"""
+    sig, slot = _op_slot(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, True)
+    if kv_lens is not None and _runtime.CHECK:
+        check_kv_lens(kv_lens, k.shape[2])
+    slot.calls += 1
+    impl = _splitting(slot)
+    if impl is not None:
+        try:
+            saved = impl.forward_saving(q, k, v, slot.problem, slot.config, kv_lens)
+        except Exception as e:  # noqa: BLE001 — as _run_slot: the fallback serves, the variant is quarantined
+            saved = None
+            out = _failed(sig, slot, e, q, k, v, kv_lens)
+        else:
+            out = None if saved is None else saved[0]
+        if saved is not None:
+            return out.contiguous(), saved[1]
+        if out is not None:
+            return out.contiguous(), _no_residuals(q)
+    return _run_slot(sig, slot, q, k, v, kv_lens).contiguous(), _no_residuals(q)
+
+
+def _no_residuals(q: Tensor) -> Tensor:
+    return torch.full(q.shape[:3], math.nan, device=q.device, dtype=torch.float32)
+
+
+@_attention_train_op.register_fake
+def _attention_train_fake(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx):
+    validate_qkv(q, k, v, kv_lens)
+    return (q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3])),
+            q.new_empty(q.shape[:3], dtype=torch.float32))
+
+
+@torch.library.custom_op("attntune::attention_train_backward", mutates_args=())
+def _attention_train_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor],
+                                 out: Tensor, lse: Tensor, causal: bool, top_left: bool, window_left: int,
+                                 window_right: int, scale: Optional[float],
+                                 approx: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of :func:`_attention_train_op`: the variant's own backward from the kept ``(out, lse)``
+    (:meth:`Variant.backward_saved`) where its forward kept them, else the forward recomputed and
+    differentiated, as ``attntune::attention_backward`` does."""
+    sig, slot = _op_slot(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, True)
+    impl = _splitting(slot)
+    if impl is not None:
+        try:
+            grads = impl.backward_saved(grad_out, q, k, v, out, lse, slot.problem, slot.config, kv_lens)
+        except Exception:  # noqa: BLE001 — a failing backward kernel: the recompute below still serves
+            grads = None
+        if grads is not None:
+            return tuple(g.contiguous() for g in grads)
+    return _recompute_grads(sig, slot, grad_out, q, k, v, kv_lens)
+
+
+@_attention_train_backward_op.register_fake
+def _attention_train_backward_fake(grad_out, q, k, v, kv_lens, out, lse, causal, top_left, window_left,
+                                   window_right, scale, approx):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _train_setup_context(ctx, inputs, output) -> None:
+    q, k, v, kv_lens, causal, top_left, wl, wr, scale, approx = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, kv_lens, out, lse)
+    ctx.args = (causal, top_left, wl, wr, scale, approx)
+
+
+def _train_backward(ctx, grad_out, _grad_lse):
+    q, k, v, kv_lens, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attntune.attention_train_backward(grad_out.contiguous(), q, k, v, kv_lens, out, lse,
+                                                             *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_attention_train_op.register_autograd(_train_backward, setup_context=_train_setup_context)
 
 
 # ---- patching torch.nn.functional.scaled_dot_product_attention --------------------------------------

@@ -56,6 +56,11 @@ class FlashVariantBase(Variant):
     # FP8 K/V (the forward only): both dots on FP8 tensor cores, q and P quantised in the kernel
     kv_dtypes = tuple(KV_DTYPES)
     fp8_dots = True
+    # Rows written before forward_saving/backward_saved were added (base.Variant.equivalent_sources): two
+    # methods that only the compiled op's backward calls (kernels/triton_flash/saved.py); run(), the
+    # kernels and their launches — what a row timed — are unchanged (triton_flash, triton_local)
+    equivalent_sources = {h: "forward_saving/backward_saved added (compiled backward only)"
+                          for h in ("c5e7f5b6c556eeba", "b4741aae0dd8c689")}
 
     def supports(self, problem: AttentionProblem) -> list[str]:
         return flash_reasons(problem)
@@ -66,6 +71,22 @@ class FlashVariantBase(Variant):
 
     def space(self, problem: AttentionProblem):
         return flash_space(problem)
+
+    def forward_saving(self, q, k, v, problem: AttentionProblem, config: Config, kv_lens=None):
+        if problem.kv_dtype is not None:
+            return None
+        from attntune.kernels.triton_flash.saved import forward_saving
+
+        return forward_saving(q, k, v, causal=problem.causal, causal_align=problem.causal_align,
+                              window=problem.window, scale=problem.scale, config=self._parse[problem.mode](config))
+
+    def backward_saved(self, grad_out, q, k, v, out, lse, problem: AttentionProblem, config: Config, kv_lens=None):
+        if problem.kv_dtype is not None:
+            return None
+        from attntune.kernels.triton_flash.saved import backward_saved
+
+        return backward_saved(grad_out, q, k, v, out, lse, causal=problem.causal, causal_align=problem.causal_align,
+                              window=problem.window, scale=problem.scale, config=self._parse[problem.mode](config))
 
     def run(
         self,
