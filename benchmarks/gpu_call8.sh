@@ -5,10 +5,10 @@
 set -u
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
-timeout 150 python3 -m pytest -q -m gpu -n 8 tests/test_compile_train.py tests/test_dispatch.py tests/test_triton_flash.py \
+timeout 150 python3 -m pytest -q -m gpu -n 8 tests/test_compile_train.py tests/test_dispatch.py \
   -p no:cacheprovider > "$OUT/gpu_tests_compile_train.log" 2>&1
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_compile_train.log" | head -10; tail -1 "$OUT/gpu_tests_compile_train.log"
-timeout 200 python3 benchmarks/bench_compile_train.py --out "$OUT/compile_train.json" > "$OUT/compile_train.log" 2>&1
+timeout 200 python3 benchmarks/bench_compile_train.py ${BENCH_ARGS:-} --out "$OUT/compile_train.json" > "$OUT/compile_train.log" 2>&1
 echo "bench rc=$? ($(( $(date +%s) - T0 )) s)"; tail -6 "$OUT/compile_train.log" | cut -c1-600
 if echo "$GPU" | grep -q H200; then
   L=$(( ${BUDGET_S:-560} - ($(date +%s) - T0) ))
