@@ -133,6 +133,10 @@ class Variant(abc.ABC):
     #: attention over the dequantised K/V rather than within q's dtype's tolerance — the gate holds it to
     #: that. False: FP8 codes are widened exactly and the dots run in a 16-bit type (triton_decode).
     fp8_dots: ClassVar[bool] = False
+    #: False for a variant that cannot run inside attntune's opaque custom op (``attntune::attention``,
+    #: what a call becomes under an outer ``torch.compile``): the op's calls then take the plan decided
+    #: without it (its runner-up row, the next rule), eager calls keep it.
+    runs_in_compiled_op: ClassVar[bool] = True
 
     @abc.abstractmethod
     def supports(self, problem: AttentionProblem) -> List[str]:

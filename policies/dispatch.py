@@ -600,7 +600,34 @@ def _op_slot(q, k, v, kv_lens, causal, top_left, wl, wr, scale, approx, grad) ->
         fam = _family_sig(_OP, q, k, v, kv_lens, causal, align, window, scale, appr, grad)
         slot = _new_slot(sig, fam, q, k,
                          lambda: _problem(q, k, v, kv_lens, causal, align, window, scale, appr, grad))
+        if slot.plan is not None and not slot.plan.impl.runs_in_compiled_op:
+            slot = _op_safe_slot(sig, fam, slot)
     return sig, slot
+
+
+def _op_safe_slot(sig, fam: Optional[tuple], slot: Slot) -> Slot:
+    """``slot`` (just made for an op signature) re-planned without the variants that cannot run inside
+    the op (:attr:`~attntune.kernels.base.Variant.runs_in_compiled_op`: Flex): the plan decided as if
+    they were quarantined — for this op signature and its family only; eager calls of the same problem
+    keep theirs. Nothing is warned: the op is not failing, it routes around a variant it cannot host."""
+    rt = _runtime.get()
+    with rt.lock:
+        plan, excluded = slot.plan, set()
+        while not plan.impl.runs_in_compiled_op:
+            tag = (plan.variant, plan.config_json)
+            if tag in excluded:  # a policy that ignores the exclusion (fixed): torch SDPA / eager
+                plan = fallback_plan(slot.problem, plan.key, [f"{plan.variant} cannot run inside the compiled op"],
+                                     frozenset(rt.quarantine | excluded))
+                break
+            excluded.add(tag)
+            plan = rt.resolve_excluding(slot.problem, slot.device, excluded)
+        new = Slot(plan, plan.impl.bind(plan.problem, plan.config), plan.problem, plan.config, slot.every,
+                   slot.device, miss=slot.miss)
+        SLOTS[sig] = new
+        if fam is not None and FAMILIES.get(fam) is slot:
+            del FAMILIES[fam]
+        _remember(fam, new)
+    return new
 
 
 @torch.library.custom_op("attntune::attention", mutates_args=())

@@ -287,6 +287,18 @@ class Runtime:
                 LOG.debug("background flush of misses failed: %s", e)
 
     # ---- failure handling -------------------------------------------------------------------------
+    def resolve_excluding(self, problem: AttentionProblem, device, excluded: Set[Tuple[str, str]]) -> Plan:
+        """The plan :meth:`resolve` would decide for ``problem`` with the ``(variant, config_json)`` tags of
+        ``excluded`` quarantined too. Nothing is cached, recorded or tuned (the caller keeps the plan in
+        its own slot): for calls that cannot use the process's plan (the compiled op, see
+        :attr:`~attntune.kernels.base.Variant.runs_in_compiled_op`)."""
+        dev = _device_key(problem, device)
+        key = TuneKey.from_problem(problem, _fingerprint(dev))
+        # no warnings: the resolution for the process's own plan said what there was to say
+        plan, _ = resolve(problem, key, self.config, self.index, frozenset(self.quarantine | excluded), dry=True,
+                          warn=lambda _tag, _msg: None)
+        return plan
+
     def quarantine_plan(self, plan: Plan, error: BaseException, problem: Optional[AttentionProblem] = None) -> Plan:
         """Quarantine ``plan``'s (variant, config) for this process after it raised ``error``; every
         plan using it is dropped (re-resolved on next use, skipping it), and the failing call's

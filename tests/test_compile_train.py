@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import attntune
+from attntune.kernels import registry
+from attntune.kernels.base import Variant
 from attntune.kernels.triton_flash import launch
 from attntune.policies.dispatch import original_sdpa
 from helpers import assert_close, rand_qkv
@@ -144,3 +146,59 @@ def test_gpu_compiled_training_call_runs_the_forward_once(monkeypatch, window, d
     assert len(fwd) == 1
     attntune.reset()
     torch._dynamo.reset()
+
+
+class _NotInOp(Variant):
+    """Exact attention (torch SDPA math) that, like Flex, cannot run inside the compiled op."""
+
+    name = "test_not_in_op"
+    runs_in_compiled_op = False
+    runs = 0
+
+    def supports(self, problem):
+        return [] if problem.device_type == "cpu" and not problem.kv_lens else ["test variant: CPU only"]
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        type(self).runs += 1
+        from attntune.kernels.registry import get
+
+        return get("sdpa_math").run(q, k, v, problem, {}, kv_lens)
+
+
+@pytest.fixture
+def not_in_op(monkeypatch):
+    _NotInOp.runs = 0
+    registry.register(_NotInOp())
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:" + _NotInOp.name)
+    torch._dynamo.reset()
+    attntune.reset()
+    yield _NotInOp
+    attntune.reset()
+    registry.unregister(_NotInOp.name)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_variant_that_cannot_run_in_the_op_is_routed_around_under_compile(not_in_op, grad):
+    """Flex's compiled flex_attention fails inside the op (H100: a compiled window training step quarantined
+    it for the process). Under compile such a variant's problems take the plan decided without it — no
+    failure, no warning, no quarantine — and eager calls of the same problem keep it."""
+    import warnings
+
+    q, k, v = rand_qkv(1, 4, 2, 6, 10, 16, requires_grad=grad, seed=7)
+    ref = TORCH_SDPA(q, k, v, attn_mask=_mask(6, 10), enable_gqa=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a quarantine would warn
+        with torch.set_grad_enabled(grad):
+            out = torch.compile(lambda q, k, v: attntune.attention(q, k, v, causal=True), fullgraph=True,
+                                backend="aot_eager")(q, k, v)
+            torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-5)
+            if grad:
+                g = torch.randn_like(out)
+                for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+                    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            assert not_in_op.runs == 0
+            assert not attntune.stats()["quarantined"]
+            eager = attntune.attention(q, k, v, causal=True)
+    torch.testing.assert_close(eager, ref, atol=3e-5, rtol=1e-5)
+    assert not_in_op.runs == 1  # the eager call kept its plan
