@@ -194,8 +194,8 @@ class Variant(abc.ABC):
                        ) -> Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """dq, dk, dv of the call whose :meth:`forward_saving` returned ``(out, lse)`` (same problem and
         config) — or ``None`` exactly where :meth:`forward_saving` returns ``None`` (``lse`` is then not
-        this call's: the caller recomputes). Called only on variants that override :meth:`forward_saving`."""
-        raise NotImplementedError(f"{self.name} keeps no forward residuals")
+        this call's: the caller recomputes). Default ``None``, as :meth:`forward_saving`'s."""
+        return None
 
     @functools.cached_property
     def _hash(self) -> str:

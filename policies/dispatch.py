@@ -621,9 +621,7 @@ def _op_safe_slot(sig, fam: Optional[tuple], slot: Slot) -> Slot:
                 break
             excluded.add(tag)
             plan = rt.resolve_excluding(slot.problem, slot.device, excluded)
-        new = Slot(plan, plan.impl.bind(plan.problem, plan.config), plan.problem, plan.config, slot.every,
-                   slot.device, miss=slot.miss)
-        SLOTS[sig] = new
+        new = _store(rt, sig, plan, False, slot.device)
         if fam is not None and FAMILIES.get(fam) is slot:
             del FAMILIES[fam]
         _remember(fam, new)
@@ -731,14 +729,9 @@ def _attention_train_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tenso
         try:
             saved = impl.forward_saving(q, k, v, slot.problem, slot.config, kv_lens)
         except Exception as e:  # noqa: BLE001 — as _run_slot: the fallback serves, the variant is quarantined
-            saved = None
-            out = _failed(sig, slot, e, q, k, v, kv_lens)
-        else:
-            out = None if saved is None else saved[0]
+            return _failed(sig, slot, e, q, k, v, kv_lens).contiguous(), _no_residuals(q)
         if saved is not None:
-            return out.contiguous(), saved[1]
-        if out is not None:
-            return out.contiguous(), _no_residuals(q)
+            return saved[0].contiguous(), saved[1]
     return _run_slot(sig, slot, q, k, v, kv_lens).contiguous(), _no_residuals(q)
 
 

@@ -30,6 +30,17 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: str, backward: boo
     torch.testing.assert_close(out.to(ref.dtype), ref, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
 
 
+def bottom_right_mask(sq, skv, left=None):
+    """Independent of attntune's mask code: row i (shifted by Skv - Sq) sees keys up to its diagonal (and,
+    with ``left``, none more than ``left`` before it). Boolean ``[sq, skv]``."""
+    i = torch.arange(sq)[:, None] + (skv - sq)
+    j = torch.arange(skv)[None, :]
+    m = j <= i
+    if left is not None:
+        m &= j >= i - left
+    return m
+
+
 def poison_like(t: torch.Tensor, value: float = float("nan")) -> torch.Tensor:
     return torch.full_like(t, value)
 

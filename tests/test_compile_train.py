@@ -13,19 +13,9 @@ from attntune.kernels import registry
 from attntune.kernels.base import Variant
 from attntune.kernels.triton_flash import launch
 from attntune.policies.dispatch import original_sdpa
-from helpers import assert_close, rand_qkv
+from helpers import assert_close, bottom_right_mask as _mask, rand_qkv
 
 TORCH_SDPA = original_sdpa()
-
-
-def _mask(sq, skv, left=None):
-    """Bottom-right causal (with a left window of ``left`` keys) as a boolean SDPA mask [sq, skv]."""
-    i = torch.arange(sq)[:, None] + (skv - sq)
-    j = torch.arange(skv)[None, :]
-    ok = j <= i
-    if left is not None:
-        ok &= j >= i - left
-    return ok
 
 
 @pytest.fixture

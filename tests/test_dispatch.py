@@ -24,7 +24,7 @@ from attntune.policies import runtime
 from attntune.policies.dispatch import original_sdpa
 from attntune.policies.index import MAX_NEAREST_DISTANCE
 from attntune.problem import problem_from_tensors
-from helpers import rand_qkv
+from helpers import bottom_right_mask, rand_qkv
 
 TORCH_SDPA = original_sdpa()
 
@@ -39,14 +39,7 @@ def _fresh_runtime():
     attntune.reset()
 
 
-def _bottom_right_mask(sq, skv, left=None):
-    """Independent of attntune's mask code: row i (shifted by Skv - Sq) sees keys up to its diagonal."""
-    i = torch.arange(sq)[:, None] + (skv - sq)
-    j = torch.arange(skv)[None, :]
-    m = j <= i
-    if left is not None:
-        m &= j >= i - left
-    return m
+_bottom_right_mask = bottom_right_mask
 
 
 def _record(q, k, v, variant: str, ms: float = 0.05, config=None, **kw) -> WinnerRecord:
