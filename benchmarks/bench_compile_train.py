@@ -33,6 +33,7 @@ CASES = {  # name: (B, Hq, Hkv, S, D, dtype, window)
     "window1024-S16384-D128-bf16": (1, 32, 32, 16384, 128, torch.bfloat16, (1024, 0)),
     "window1024-S4096-D128-bf16-gqa": (4, 32, 8, 4096, 128, torch.bfloat16, (1024, 0)),
     "causal-S4096-D128-bf16-gqa": (4, 32, 8, 4096, 128, torch.bfloat16, None),
+    "causal-S2048-D64-bf16": (8, 16, 16, 2048, 64, torch.bfloat16, None),
     "causal-S2048-D64-fp32-tf32": (2, 16, 16, 2048, 64, torch.float32, None),
 }
 

@@ -6,7 +6,10 @@ Reproduces the product's reference table on one GPU, all implementations measure
   * peak memory of one training step at seq 8192 · batch 4
   * a sliding-window (Mistral-style) configuration: forward + training at seq 16384 · batch 1, W=1024
 
-Usage: python benchmarks/e2e_gpt.py --out results.json [--quick]
+Usage: python benchmarks/e2e_gpt.py --out results.json [--quick] [--compiled] [--cases training,...]
+``--compiled`` wraps the model in ``torch.compile`` (what a user's compiled training step gets: attntune's
+calls become its custom ops) and compares SDPA with attntune only (the eager implementation's masked scores
+are not what anyone compiles).
 Weights are random (seeded); identical for every implementation. CPU: a tiny smoke configuration.
 """
 
@@ -51,14 +54,18 @@ def _model(cfg, impl, device, dtype):
     return GPT(cfg, impl).to(device=device, dtype=dtype)
 
 
-def run_case(name, cfg, impl, device, dtype, batch, seq, kind, reps):
+def run_case(name, cfg, impl, device, dtype, batch, seq, kind, reps, compiled=False):
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     model = _model(cfg, impl, device, dtype)
+    if compiled:
+        torch._dynamo.reset()
+        model = torch.compile(model)
     tokens = torch.randint(0, cfg.vocab, (batch, seq), device=device)
-    res = {"case": name, "impl": impl, "batch": batch, "seq": seq, "kind": kind, "window": cfg.window}
+    res = {"case": name, "impl": impl, "batch": batch, "seq": seq, "kind": kind, "window": cfg.window,
+           "compiled": compiled}
     try:
         if kind == "inference":
             model.eval()
@@ -79,7 +86,7 @@ def run_case(name, cfg, impl, device, dtype, batch, seq, kind, reps):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-            t = _time(step, reps, warmup=1)
+            t = _time(step, reps, warmup=2 if compiled else 1)
             res.update(seconds=t, samples_per_s=batch / t)
         if device.type == "cuda":
             res["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -93,6 +100,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/e2e_gpt.json")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--compiled", action="store_true", help="torch.compile the model; SDPA and attntune only")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
@@ -107,16 +116,26 @@ def main():
     else:
         cases = [("inference", base, 2, 64, "inference"), ("training", base, 2, 64, "training"),
                  ("window_inference", win, 1, 96, "inference")]
+    if args.cases:
+        cases = [c for c in cases if c[0] in args.cases.split(",")]
+    impls = ("sdpa", "attntune") if args.compiled else ("eager", "sdpa", "attntune")
     results = []
     for name, cfg, b, s, kind in cases:
-        for impl in ("eager", "sdpa", "attntune"):
-            r = run_case(name, cfg, impl, device, dtype, b, s, kind, 2 if name == "memory" else reps)
+        for impl in impls:
+            r = run_case(name, cfg, impl, device, dtype, b, s, kind, 2 if name == "memory" else reps, args.compiled)
+            if args.compiled and impl == "attntune":
+                import attntune
+
+                r["plans"] = sorted({f'{p["variant"]}/{p["source"]}' for p in attntune.stats()["plans"]})
+                attntune.reset()
             results.append(r)
             print(json.dumps(r), flush=True)
     summary = {}
     for name, *_ in cases:
         rows = {r["impl"]: r for r in results if r["case"] == name and "error" not in r}
-        if "eager" in rows and "attntune" in rows:
+        if args.compiled and "sdpa" in rows and "attntune" in rows:
+            summary[name] = {"attntune_speedup_vs_sdpa": rows["sdpa"]["seconds"] / rows["attntune"]["seconds"]}
+        elif "eager" in rows and "attntune" in rows:
             e, a = rows["eager"], rows["attntune"]
             s_ = rows.get("sdpa")
             summary[name] = {
@@ -126,7 +145,7 @@ def main():
             }
             if "peak_gib" in a and "peak_gib" in e:
                 summary[name]["attntune_memory_change_vs_eager"] = a["peak_gib"] / e["peak_gib"] - 1
-    doc = {"benchmark": "e2e_gpt", "environment": environment(), "model": base.__dict__, "dtype": str(dtype),
+    doc = {"benchmark": "e2e_gpt", "compiled": args.compiled, "environment": environment(), "model": base.__dict__, "dtype": str(dtype),
            "results": results, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))

@@ -16,7 +16,7 @@ selected by setting torch's global SDPA flags around the call and restoring them
 from __future__ import annotations
 
 import threading
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attntune.kernels.base import Config, Variant
 from attntune.kernels.masks import build_mask, needs_mask
+from attntune.kernels import sdpa_saved
 from attntune.kernels.reference import expand_kv
 from attntune.kernels.sdpa_probe import torch_gpu_reasons
 from attntune.problem import DECODE_MAX_SQ, AttentionProblem
@@ -96,6 +97,9 @@ class SdpaVariant(Variant):
     # uncontended lock is ~0.1 µs against calls of microseconds and more
     equivalent_sources = {h: "support probe moved out; flag lock (same backend, same call)" for h in (
         "20cd2aa7960935e1", "f5e69bedc2bb69b0", "4374dd162bd70809", "5c67b698f603b478", "b5570c9b38c9fe8d")}
+    # 2026-12-06: forward_saving/backward_saved added, for the compiled training op only (run() unchanged)
+    equivalent_sources.update({h: "forward_saving/backward_saved added (compiled op only; run() unchanged)" for h in (
+        "b0fe6f7eb44a0b05", "0171c356b7f09c6e", "1b969969a98961bf", "e0b32c8214eaeffd", "4fb7c3059213c828")})
 
     def __init__(self, name: str, backend: Optional[SDPBackend], description: str,
                  gpu_only: bool, gpu_dtypes: tuple, native_gqa: bool):
@@ -139,6 +143,35 @@ class SdpaVariant(Variant):
         if problem.seqlen_q <= DECODE_MAX_SQ and q.is_cuda:
             return _sdpa_with(_NOT_CUDNN, q, k, v, kwargs)  # torch's choice, minus cuDNN's per-shape graphs
         return _torch_sdpa(q, k, v, **kwargs)
+
+
+    # ---- the compiled training op: forward and backward split (attntune.kernels.sdpa_saved) -----------
+    def _split_backend(self, q) -> Tuple[bool, Optional[SDPBackend]]:
+        """(whether the call may split, the backend to split it on: the forced one, None for torch's
+        choice). A forced backend the process switched off splits nothing: run() refuses such a call."""
+        if self.backend == SDPBackend.MATH:
+            return False, None
+        if self.backend is not None and q.is_cuda and not _flag_on(self.backend):
+            return False, None
+        return True, self.backend
+
+    def forward_saving(self, q, k, v, problem: AttentionProblem, config: Config,
+                       kv_lens: Optional[torch.Tensor] = None):
+        ok, backend = self._split_backend(q)
+        return sdpa_saved.forward_saving(backend, self.native_gqa, q, k, v, problem) if ok else None
+
+    def backward_saved(self, grad_out, q, k, v, out, lse, problem: AttentionProblem, config: Config,
+                       kv_lens: Optional[torch.Tensor] = None):
+        ok, backend = self._split_backend(q)
+        return sdpa_saved.backward_saved(backend, self.native_gqa, grad_out, q, k, v, out, lse, problem) if ok else None
+
+
+def _flag_on(backend: SDPBackend) -> bool:
+    """Whether torch's global flag allows ``backend`` now (True where this torch has no such flag)."""
+    for be, get, _ in _FLAGS:
+        if be == backend:
+            return get is None or bool(get())
+    return True
 
 
 _NOT_CUDNN = frozenset((SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH))

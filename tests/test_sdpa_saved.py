@@ -1,0 +1,188 @@
+"""The SDPA variants split their forward from their backward for the compiled training op
+(:mod:`attntune.kernels.sdpa_saved`): aten's fused forward keeps the row LSE, its backward op takes it back,
+so a compiled training step whose plan is SDPA runs one attention forward, not two. CPU: torch's flash CPU
+kernel; GPU: flash, memory-efficient and cuDNN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attntune
+from attntune.kernels import registry, sdpa, sdpa_saved
+from attntune.policies.dispatch import original_sdpa
+from attntune.problem import problem_from_tensors
+from helpers import assert_close, bottom_right_mask as _mask, rand_qkv
+
+TORCH_SDPA = original_sdpa()
+
+
+def _problem(q, k, v, causal, scale=None, align="bottom_right"):
+    return problem_from_tensors(q, k, v, causal=causal, causal_align=align, scale=scale, mode="fwd_bwd")
+
+
+def _lse_ref(q, k, problem):
+    """Row log-sum-exp of the scaled scores in float64 over the admitted keys (top-left causal = the keys
+    ``j <= i``; bottom-right with Sq == Skv is the same mask)."""
+    kk = k.double().repeat_interleave(problem.group, 1)
+    s = (q.double() @ kk.transpose(-1, -2)) * problem.softmax_scale
+    if problem.causal:
+        i = torch.arange(q.shape[2], device=q.device)[:, None]
+        j = torch.arange(k.shape[2], device=q.device)[None, :]
+        s = s.masked_fill(j > i, float("-inf"))
+    return torch.logsumexp(s, -1)
+
+
+def _check_split(name, q, k, v, causal, scale, dtype_name, align="bottom_right"):
+    """forward_saving's output equals run()'s, its LSE the reference's; backward_saved's gradients equal
+    autograd's through run()."""
+    variant = registry.get(name)
+    problem = _problem(q, k, v, causal, scale, align)
+    saved = variant.forward_saving(q.detach(), k.detach(), v.detach(), problem, {})
+    assert saved is not None, f"{name} did not split {problem}"
+    out, lse = saved
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32 and lse.is_contiguous()
+    ref = variant.run(q, k, v, problem, {})
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)  # the same kernel
+    torch.testing.assert_close(lse.double(), _lse_ref(q.detach(), k.detach(), problem), atol=2e-3, rtol=1e-4)
+    g = torch.randn_like(ref)
+    grads = variant.backward_saved(g, q.detach(), k.detach(), v.detach(), out.contiguous(), lse, problem, {})
+    assert grads is not None
+    for a, b, t, what in zip(grads, torch.autograd.grad(ref, (q, k, v), g), (q, k, v), ("dq", "dk", "dv")):
+        assert a.shape == t.shape and a.dtype == t.dtype, what
+        assert_close(a, b, dtype_name, backward=True, what=what)
+
+
+@pytest.mark.parametrize("name", ["sdpa_default", "sdpa_flash"])
+@pytest.mark.parametrize("hq,hkv,sq,skv,causal,scale", [
+    (4, 2, 7, 7, True, None),      # GQA, causal (bottom-right == top-left when Sq == Skv)
+    (3, 3, 5, 19, False, 0.37),    # no mask, Sq != Skv, a scale
+    (6, 2, 13, 9, True, None),     # top-left causal with Sq > Skv: rows past Skv see every key
+])
+def test_cpu_split_matches_run_and_autograd(name, hq, hkv, sq, skv, causal, scale):
+    q, k, v = rand_qkv(2, hq, hkv, sq, skv, 24, requires_grad=True, seed=hq * sq)
+    _check_split(name, q, k, v, causal, scale, "float32", align="top_left")
+
+
+def test_what_does_not_split_returns_none():
+    """A materialised mask (bottom-right causal with Sq != Skv), kv_lens, unequal head dims and the math
+    backend keep no residuals: the compiled op recomputes them as before."""
+    q, k, v = rand_qkv(1, 2, 2, 5, 9, 16)
+    flash = registry.get("sdpa_default")
+    assert flash.forward_saving(q, k, v, _problem(q, k, v, True), {}) is None  # bottom-right, Sq != Skv
+    lens = torch.tensor([7])
+    p = problem_from_tensors(q, k, v, kv_lens=lens, mode="fwd_bwd")
+    assert flash.forward_saving(q, k, v, p, {}, lens) is None
+    q2, k2, v2 = rand_qkv(1, 2, 2, 5, 9, 16, dv=8)
+    assert flash.forward_saving(q2, k2, v2, _problem(q2, k2, v2, False), {}) is None
+    assert registry.get("sdpa_math").forward_saving(q, k, v, _problem(q, k, v, False), {}) is None
+    assert registry.get("sdpa_math").backward_saved(q, q, k, v, q, q[..., 0], _problem(q, k, v, False), {}) is None
+
+
+@pytest.fixture
+def sdpa_policy(monkeypatch):
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:sdpa_default")
+    torch._dynamo.reset()
+    attntune.reset()
+    yield
+    attntune.reset()
+    torch._dynamo.reset()
+
+
+def _counting_run(monkeypatch):
+    """Count SdpaVariant.run calls (the recompute path runs the forward through run() again)."""
+    runs = []
+    real = sdpa.SdpaVariant.run
+
+    def run(self, *a, **kw):
+        runs.append(self.name)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(sdpa.SdpaVariant, "run", run)
+    return runs
+
+
+def _counting_pairs(monkeypatch):
+    calls = []
+    for key, pair in list(sdpa_saved._PAIRS.items()):
+        def wrap(fn, tag):
+            def counted(*a, **kw):
+                calls.append(tag)
+                return fn(*a, **kw)
+            return counted
+        monkeypatch.setitem(sdpa_saved._PAIRS, key, sdpa_saved._Pair(wrap(pair.forward, "fwd"),
+                                                                      wrap(pair.backward, "bwd")))
+    return calls
+
+
+def test_compiled_training_on_sdpa_runs_the_forward_once(sdpa_policy, monkeypatch):
+    """A compiled training step whose plan is sdpa_default: one aten forward, one aten backward, no
+    run() (recompute) — gradients equal torch SDPA's."""
+    runs = _counting_run(monkeypatch)
+    calls = _counting_pairs(monkeypatch)
+    q, k, v = rand_qkv(2, 4, 2, 9, 9, 16, requires_grad=True, seed=11)
+    out = torch.compile(lambda q, k, v: attntune.attention(q * 0.5, k, v, causal=True).cos(), fullgraph=True,
+                        backend="aot_eager")(q, k, v)
+    ref = torch.cos(TORCH_SDPA(q * 0.5, k, v, is_causal=True, enable_gqa=True))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert calls == ["fwd", "bwd"] and runs == []  # recomputing would call run() in the backward
+    assert {p["variant"] for p in attntune.stats()["plans"]} == {"sdpa_default"}
+
+
+def test_compiled_training_on_sdpa_with_a_mask_recomputes(sdpa_policy, monkeypatch):
+    """Bottom-right causal with Sq != Skv needs a materialised mask: not split, the backward recomputes
+    through run() — gradients still right."""
+    runs = _counting_run(monkeypatch)
+    q, k, v = rand_qkv(1, 2, 2, 5, 11, 16, requires_grad=True, seed=12)
+    out = torch.compile(lambda q, k, v: attntune.attention(q, k, v, causal=True), fullgraph=True,
+                        backend="aot_eager")(q, k, v)
+    ref = TORCH_SDPA(q, k, v, attn_mask=_mask(5, 11))
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert len(runs) == 2
+
+
+# ---- GPU: each fused backend ------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sdpa_default", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("hq,hkv,sq,skv,causal,d", [(8, 2, 333, 333, True, 64), (6, 6, 200, 517, False, 128),
+                                                    (4, 4, 77, 77, True, 96)])
+def test_gpu_split_matches_run_and_autograd(name, dtype, hq, hkv, sq, skv, causal, d):
+    dev = torch.device("cuda")
+    q, k, v = rand_qkv(2, hq, hkv, sq, skv, d, dtype=dtype, device=dev, requires_grad=True, seed=sq)
+    variant = registry.get(name)
+    problem = _problem(q, k, v, causal, None, "top_left")
+    if variant.supports(problem):
+        pytest.skip(f"{name} does not run this problem here: {variant.supports(problem)[0]}")
+    if variant.forward_saving(q.detach(), k.detach(), v.detach(), problem, {}) is None:
+        assert name == "sdpa_default" and dtype == torch.float32 and torch._fused_sdp_choice(
+            q, k, v, None, 0.0, causal, enable_gqa=hkv != hq) == 0  # torch's choice is the math backend
+        return
+    _check_split(name, q, k, v, causal, None, str(dtype).split(".")[-1], align="top_left")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 4)])
+def test_gpu_compiled_training_on_sdpa_runs_the_forward_once(monkeypatch, hq, hkv):
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:sdpa_default")
+    torch._dynamo.reset()
+    attntune.reset()
+    runs = _counting_run(monkeypatch)
+    calls = _counting_pairs(monkeypatch)
+    dev = torch.device("cuda")
+    q, k, v = rand_qkv(2, hq, hkv, 300, 300, 64, dtype=torch.bfloat16, device=dev, requires_grad=True, seed=13)
+    out = torch.compile(lambda q, k, v: attntune.attention(q, k, v, causal=True), fullgraph=True)(q, k, v)
+    ref = TORCH_SDPA(q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True)
+    g = torch.randn_like(out)
+    assert_close(out, ref, "bfloat16")
+    for a, b, what in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g.float()),
+                          ("dq", "dk", "dv")):
+        assert_close(a, b, "bfloat16", backward=True, what=what)
+    assert calls == ["fwd", "bwd"] and runs == []
+    attntune.reset()
+    torch._dynamo.reset()
