@@ -36,7 +36,7 @@ exactly as before):
 GQA: a variant that passes ``enable_gqa`` (``native_gqa``) hands the aten op K/V with fewer heads, as torch's
 SDPA does (the flash kernels take them and return dK/dV per kv head); the others expand K/V, as their
 ``run`` does, and the backward sums dK/dV over each group. Dropout is never used (attntune has none), so the
-random-state tensors the backward ops take are empty placeholders.
+random-state tensors the backward ops take are placeholders.
 """
 
 from __future__ import annotations
@@ -56,8 +56,21 @@ _EFFICIENT_LSE_ALIGN = 32  # the memory-efficient kernel's LSE rows are padded t
 
 
 def _no_rng() -> torch.Tensor:
-    # what the memory-efficient forward itself returns for its philox seed/offset without dropout
+    # what the memory-efficient forward itself returns for its philox seed/offset without dropout (the flash
+    # backward takes it too: never read without dropout)
     return torch.empty((), dtype=torch.int64)
+
+
+_DEVICE_RNG: Dict[torch.device, torch.Tensor] = {}
+
+
+def _no_rng_on(device: torch.device) -> torch.Tensor:
+    """A placeholder seed/offset on ``device`` (cuDNN's backward checks that every tensor argument shares the
+    inputs' device; H100, torch 2.11), made once per device so that a captured backward never allocates."""
+    t = _DEVICE_RNG.get(device)
+    if t is None:
+        t = _DEVICE_RNG.setdefault(device, torch.zeros((), dtype=torch.int64, device=device))
+    return t
 
 
 def _flash_fwd(q, k, v, causal: bool, scale: Optional[float]):
@@ -77,6 +90,9 @@ def _efficient_fwd(q, k, v, causal: bool, scale: Optional[float]):
 
 def _efficient_bwd(do, q, k, v, o, lse, causal: bool, scale: Optional[float]):
     lse = F.pad(lse, (0, -q.shape[2] % _EFFICIENT_LSE_ALIGN))
+    # The kernel reads O with the row stride of the layout its forward wrote, [B, Sq, H, Dv] contiguous
+    # (H * Dv), whatever strides O comes with: O in [B, H, Sq, Dv] layout gave wrong dQ (H100, torch 2.11).
+    o = o.transpose(1, 2).contiguous().transpose(1, 2)
     r = _aten._scaled_dot_product_efficient_attention_backward(
         do, q, k, v, None, o, lse, _no_rng(), _no_rng(), 0.0, [True, True, True, False], causal, scale=scale)
     return r[0], r[1], r[2]
@@ -88,9 +104,10 @@ def _cudnn_fwd(q, k, v, causal: bool, scale: Optional[float]):
 
 
 def _cudnn_bwd(do, q, k, v, o, lse, causal: bool, scale: Optional[float]):
+    rng = _no_rng_on(q.device)
     return _aten._scaled_dot_product_cudnn_attention_backward(
-        do, q, k, v, o, lse.unsqueeze(-1), _no_rng(), _no_rng(), None, None, None, q.shape[2], k.shape[2], 0.0,
-        causal, scale=scale)
+        do, q, k, v, o, lse.unsqueeze(-1), rng, rng, None, None, None, q.shape[2], k.shape[2], 0.0, causal,
+        scale=scale)
 
 
 def _cpu_flash_fwd(q, k, v, causal: bool, scale: Optional[float]):

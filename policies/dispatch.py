@@ -705,7 +705,7 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 def _splitting(slot: Slot):
     """The slot's variant when it may split its forward from its backward, else None."""
     impl = None if slot.plan is None else slot.plan.impl
-    if impl is None or type(impl).forward_saving is _Variant.forward_saving:
+    if impl is None or type(impl).forward_saving is _Variant.forward_saving or impl.name in _runtime.get().no_split:
         return None
     return impl
 
@@ -759,7 +759,13 @@ def _attention_train_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tens
     if impl is not None:
         try:
             grads = impl.backward_saved(grad_out, q, k, v, out, lse, slot.problem, slot.config, kv_lens)
-        except Exception:  # noqa: BLE001 — a failing backward kernel: the recompute below still serves
+        except Exception as e:  # noqa: BLE001 — the recompute below still serves; this variant splits no more
+            rt = _runtime.get()
+            rt.no_split.add(impl.name)
+            rt.warn_once(f"split-backward:{impl.name}",
+                         f"{impl.name}'s backward from its kept residuals failed under torch.compile "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); its compiled "
+                         "training calls recompute the forward instead (one more forward a step)")
             grads = None
         if grads is not None:
             return tuple(g.contiguous() for g in grads)

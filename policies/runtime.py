@@ -149,6 +149,9 @@ class Runtime:
         self.quarantine: Set[Tuple[str, str]] = set()
         self.quarantine_why: Dict[Tuple[str, str], str] = {}
         self.pending: Dict[str, Tuple[TuneKey, int]] = {}
+        #: variants whose split backward (Variant.backward_saved) raised in the compiled training op: their
+        #: calls there recompute the forward from then on (dispatch._splitting), warned once
+        self.no_split: Set[str] = set()
         self._flusher: Optional[threading.Thread] = None
         self._stop = threading.Event()
 

@@ -146,6 +146,40 @@ def test_compiled_training_on_sdpa_with_a_mask_recomputes(sdpa_policy, monkeypat
     assert len(runs) == 2
 
 
+def test_a_split_backward_that_fails_warns_once_and_recomputes(sdpa_policy, monkeypatch):
+    """A backward op that raises (an API drift of aten's private ops, say): the step's gradients still come
+    from the recompute, one warning names the variant, and later steps no longer split (no failing call and
+    no kept residuals a step)."""
+    import warnings
+
+    key = ("cpu", sdpa.SDPBackend.FLASH_ATTENTION)
+    pair = sdpa_saved._PAIRS[key]
+    calls = []
+
+    def fwd(*a, **kw):
+        calls.append("fwd")
+        return pair.forward(*a, **kw)
+
+    def broken(*a, **kw):
+        calls.append("bwd")
+        raise RuntimeError("schema drift")
+
+    monkeypatch.setitem(sdpa_saved._PAIRS, key, sdpa_saved._Pair(fwd, broken))
+    q, k, v = rand_qkv(1, 2, 2, 6, 6, 16, requires_grad=True, seed=14)
+    cf = torch.compile(lambda q, k, v: attntune.attention(q, k, v, causal=True), fullgraph=True, backend="aot_eager")
+    ref = TORCH_SDPA(q, k, v, is_causal=True)
+    g = torch.randn_like(ref)
+    rgrads = torch.autograd.grad(ref, (q, k, v), g)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            for a, b in zip(torch.autograd.grad(cf(q, k, v), (q, k, v), g), rgrads):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    msgs = [str(x.message) for x in w if "kept residuals" in str(x.message)]
+    assert len(msgs) == 1 and "sdpa_default" in msgs[0] and "schema drift" in msgs[0]
+    assert calls == ["fwd", "bwd"]  # the second step neither kept residuals nor tried the broken backward
+
+
 # ---- GPU: each fused backend ------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["sdpa_default", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"])
