@@ -628,24 +628,53 @@ def _op_safe_slot(sig, fam: Optional[tuple], slot: Slot) -> Slot:
     return new
 
 
+# The compiled ops' tensors follow their inputs' layout: a model's q/k/v are usually [B, S, H, D] tensors
+# viewed as [B, H, S, D] (transposed), and its next step (transpose back, reshape, projection) reads the
+# output in that layout too. Contiguous [B, H, S, D] outputs cost a copy inside the op (SDPA's kernels write
+# q's layout) and another after it, per output and per gradient. Two layouts, chosen by one rule that the
+# fake registrations and the implementations both apply to the same input strides, so they always agree.
+def _heads_inner(ref: Tensor) -> bool:
+    """True when ``ref [B, H, S, X]`` keeps its heads inside its sequence positions ([B, S, H, X] memory)."""
+    return ref.stride(1) < ref.stride(2)
+
+
+def _empty_like_layout(ref: Tensor, shape, dtype=None) -> Tensor:
+    """An empty ``shape`` ([B, H, S, X]) tensor in ``ref``'s layout (see :func:`_heads_inner`)."""
+    dtype = ref.dtype if dtype is None else dtype
+    if _heads_inner(ref):
+        return ref.new_empty((shape[0], shape[2], shape[1], shape[3]), dtype=dtype).transpose(1, 2)
+    return ref.new_empty(shape, dtype=dtype)
+
+
+def _in_layout(t: Tensor, ref: Tensor) -> Tensor:
+    """``t`` ([B, H, S, X]) with exactly the strides :func:`_empty_like_layout` gives ``ref``'s layout (those
+    of the fake registrations: a compiled graph may assert them, size-1 dimensions included): itself when it
+    has them, else a copy."""
+    B, H, S, X = t.shape
+    want = (S * H * X, X, H * X, 1) if _heads_inner(ref) else (H * S * X, S * X, X, 1)
+    if t.stride() == want:
+        return t
+    return _empty_like_layout(ref, t.shape, t.dtype).copy_(t)
+
+
 @torch.library.custom_op("attntune::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor], causal: bool, top_left: bool,
                   window_left: int, window_right: int, scale: Optional[float], approx: int,
                   needs_grad: bool) -> Tensor:
     """``attention`` as one opaque op: the plan is resolved here, at run time, from the real tensors.
-    ``window_left == -2`` means no window; ``approx`` -1/0/1 = environment/no/yes. Returns a
-    contiguous ``[B, Hq, Sq, Dv]`` tensor (the layout the fake registration promises)."""
+    ``window_left == -2`` means no window; ``approx`` -1/0/1 = environment/no/yes. Returns ``[B, Hq, Sq, Dv]``
+    in q's layout (:func:`_in_layout`: what the fake registration promises)."""
     sig, slot = _op_slot(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, needs_grad)
     if kv_lens is not None and _runtime.CHECK:
         check_kv_lens(kv_lens, k.shape[2])
     slot.calls += 1
-    return _run_slot(sig, slot, q, k, v, kv_lens).contiguous()
+    return _in_layout(_run_slot(sig, slot, q, k, v, kv_lens), q)
 
 
 @_attention_op.register_fake
 def _attention_fake(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, needs_grad):
     validate_qkv(q, k, v, kv_lens)
-    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    return _empty_like_layout(q, (q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
 
 @torch.library.custom_op("attntune::attention_backward", mutates_args=())
@@ -663,13 +692,13 @@ def _recompute_grads(sig, slot: Slot, grad_out, q, k, v, kv_lens) -> Tuple[Tenso
         qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
         out = _run_slot(sig, slot, qg, kg, vg, kv_lens)
         grads = torch.autograd.grad(out, (qg, kg, vg), grad_out, allow_unused=True)
-    return tuple((torch.zeros_like(t) if g is None else g).contiguous() for g, t in zip(grads, (q, k, v)))
+    return tuple(_in_layout(torch.zeros_like(t) if g is None else g, t) for g, t in zip(grads, (q, k, v)))
 
 
 @_attention_backward_op.register_fake
 def _attention_backward_fake(grad_out, q, k, v, kv_lens, causal, top_left, window_left, window_right, scale,
                              approx):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+    return tuple(_empty_like_layout(t, t.shape) for t in (q, k, v))
 
 
 @contextmanager
@@ -691,7 +720,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out):
     q, k, v, kv_lens = ctx.saved_tensors
-    dq, dk, dv = torch.ops.attntune.attention_backward(grad_out.contiguous(), q, k, v, kv_lens, *ctx.args)
+    dq, dk, dv = torch.ops.attntune.attention_backward(_in_layout(grad_out, q), q, k, v, kv_lens, *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
@@ -729,10 +758,10 @@ def _attention_train_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tenso
         try:
             saved = impl.forward_saving(q, k, v, slot.problem, slot.config, kv_lens)
         except Exception as e:  # noqa: BLE001 — as _run_slot: the fallback serves, the variant is quarantined
-            return _failed(sig, slot, e, q, k, v, kv_lens).contiguous(), _no_residuals(q)
+            return _in_layout(_failed(sig, slot, e, q, k, v, kv_lens), q), _no_residuals(q)
         if saved is not None:
-            return saved[0].contiguous(), saved[1]
-    return _run_slot(sig, slot, q, k, v, kv_lens).contiguous(), _no_residuals(q)
+            return _in_layout(saved[0], q), saved[1]
+    return _in_layout(_run_slot(sig, slot, q, k, v, kv_lens), q), _no_residuals(q)
 
 
 def _no_residuals(q: Tensor) -> Tensor:
@@ -742,7 +771,7 @@ def _no_residuals(q: Tensor) -> Tensor:
 @_attention_train_op.register_fake
 def _attention_train_fake(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx):
     validate_qkv(q, k, v, kv_lens)
-    return (q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3])),
+    return (_empty_like_layout(q, (q.shape[0], q.shape[1], q.shape[2], v.shape[3])),
             q.new_empty(q.shape[:3], dtype=torch.float32))
 
 
@@ -768,14 +797,14 @@ def _attention_train_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tens
                          "training calls recompute the forward instead (one more forward a step)")
             grads = None
         if grads is not None:
-            return tuple(g.contiguous() for g in grads)
+            return tuple(_in_layout(g, t) for g, t in zip(grads, (q, k, v)))
     return _recompute_grads(sig, slot, grad_out, q, k, v, kv_lens)
 
 
 @_attention_train_backward_op.register_fake
 def _attention_train_backward_fake(grad_out, q, k, v, kv_lens, out, lse, causal, top_left, window_left,
                                    window_right, scale, approx):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+    return tuple(_empty_like_layout(t, t.shape) for t in (q, k, v))
 
 
 def _train_setup_context(ctx, inputs, output) -> None:
@@ -787,7 +816,7 @@ def _train_setup_context(ctx, inputs, output) -> None:
 
 def _train_backward(ctx, grad_out, _grad_lse):
     q, k, v, kv_lens, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.attntune.attention_train_backward(grad_out.contiguous(), q, k, v, kv_lens, out, lse,
+    dq, dk, dv = torch.ops.attntune.attention_train_backward(_in_layout(grad_out, q), q, k, v, kv_lens, out, lse,
                                                              *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None, None
 

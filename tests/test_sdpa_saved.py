@@ -220,3 +220,63 @@ def test_gpu_compiled_training_on_sdpa_runs_the_forward_once(monkeypatch, hq, hk
     assert calls == ["fwd", "bwd"] and runs == []
     attntune.reset()
     torch._dynamo.reset()
+
+
+# ---- layouts: the compiled ops' outputs and gradients follow their inputs' -------------------------
+def _bshd(b, h, s, d, seed, requires_grad=True):
+    """[B, H, S, D] views of [B, S, H, D] tensors: how a model's attention inputs usually arrive."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(b, s, h, d, generator=g).transpose(1, 2)
+    return t.detach().requires_grad_(requires_grad)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_compiled_outputs_and_grads_keep_a_models_layout(sdpa_policy, grad):
+    """q/k/v in [B, S, H, D] memory: the op's output and the gradients come back in that layout (no copy to
+    [B, H, S, D] and back around the op), under inductor, with values equal to torch SDPA's."""
+    q, k, v = _bshd(2, 4, 9, 16, 1, grad), _bshd(2, 2, 9, 16, 2, grad), _bshd(2, 2, 9, 16, 3, grad)
+    cf = torch.compile(lambda q, k, v: attntune.attention(q, k, v, causal=True), fullgraph=True)
+    with torch.set_grad_enabled(grad):
+        out = cf(q, k, v)
+        ref = TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert out.transpose(1, 2).is_contiguous(), out.stride()
+    if grad:
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), g)
+        for a, b, t in zip(grads, torch.autograd.grad(ref, (q, k, v), g), (q, k, v)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+            assert a.stride() == t.stride(), (a.stride(), t.stride())
+
+
+def test_compiled_layouts_with_size_one_dims(sdpa_policy):
+    """One query row and one head (size-1 dimensions, whose strides a kernel may set freely): the op's
+    results still carry exactly the strides its fake registration promised (inductor checks them)."""
+    q, k, v = _bshd(3, 1, 1, 8, 4, False), _bshd(3, 1, 5, 8, 5, False), _bshd(3, 1, 5, 8, 6, False)
+    out = torch.compile(lambda q, k, v: attntune.attention(q, k, v) * 2.0, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v) * 2.0, atol=1e-5, rtol=1e-5)
+    q, k, v = (torch.randn(2, 3, 1, 8), torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8))
+    out = torch.compile(lambda q, k, v: attntune.attention(q, k, v, causal=True) + 1.0, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v) + 1.0, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["fixed:sdpa_default", "fixed:triton_flash"])
+def test_gpu_compiled_outputs_and_grads_keep_a_models_layout(monkeypatch, policy):
+    monkeypatch.setenv("ATTNTUNE_POLICY", policy)
+    torch._dynamo.reset()
+    attntune.reset()
+    dev = torch.device("cuda")
+    q, k, v = (_bshd(2, h, 130, 64, i, False).to(dev, torch.bfloat16).requires_grad_(True)
+               for i, h in enumerate((8, 2, 2)))
+    out = torch.compile(lambda q, k, v: attntune.attention(q, k, v, causal=True), fullgraph=True)(q, k, v)
+    ref = TORCH_SDPA(q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True)
+    assert_close(out, ref, "bfloat16")
+    assert out.transpose(1, 2).is_contiguous(), out.stride()
+    g = torch.randn_like(out)
+    for a, b, t, what in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g.float()),
+                             (q, k, v), ("dq", "dk", "dv")):
+        assert_close(a, b, "bfloat16", backward=True, what=what)
+        assert a.stride() == t.stride(), (what, a.stride(), t.stride())
+    attntune.reset()
+    torch._dynamo.reset()
