@@ -647,12 +647,13 @@ def _empty_like_layout(ref: Tensor, shape, dtype=None) -> Tensor:
 
 
 def _in_layout(t: Tensor, ref: Tensor) -> Tensor:
-    """``t`` ([B, H, S, X]) with exactly the strides :func:`_empty_like_layout` gives ``ref``'s layout (those
-    of the fake registrations: a compiled graph may assert them, size-1 dimensions included): itself when it
-    has them, else a copy."""
+    """``t`` ([B, H, S, X]) with the strides :func:`_empty_like_layout` gives ``ref``'s layout (those of the
+    fake registrations, which a compiled graph asserts) wherever a dimension has more than one element —
+    a size-1 dimension's stride is never used to index (a decode call's one query row), and inductor does not
+    check it: itself when it has them, else a copy."""
     B, H, S, X = t.shape
     want = (S * H * X, X, H * X, 1) if _heads_inner(ref) else (H * S * X, S * X, X, 1)
-    if t.stride() == want:
+    if all(n == 1 or st == w for n, st, w in zip(t.shape, t.stride(), want)):
         return t
     return _empty_like_layout(ref, t.shape, t.dtype).copy_(t)
 

@@ -280,3 +280,20 @@ def test_gpu_compiled_outputs_and_grads_keep_a_models_layout(monkeypatch, policy
         assert a.stride() == t.stride(), (what, a.stride(), t.stride())
     attntune.reset()
     torch._dynamo.reset()
+
+
+def test_in_layout_copies_only_where_a_stride_is_used():
+    """The layout rule: a tensor already in the reference's layout — size-1 dimensions' strides aside (one
+    query row: a decode kernel's contiguous output is not copied) — is returned as is; otherwise it is copied
+    into exactly the fake registration's strides."""
+    from attntune.policies.dispatch import _empty_like_layout, _in_layout
+
+    ref = torch.randn(2, 5, 3, 8).transpose(1, 2)  # [B, H=3, S=5, D] in [B, S, H, D] memory
+    t = torch.randn(2, 3, 5, 8)  # contiguous [B, H, S, D]: must move
+    moved = _in_layout(t, ref)
+    assert moved is not t and moved.stride() == _empty_like_layout(ref, t.shape).stride()
+    torch.testing.assert_close(moved, t, atol=0, rtol=0)
+    assert _in_layout(moved, ref) is moved
+    one_row = torch.randn(2, 3, 1, 8)  # contiguous, S = 1: same memory order as [B, S, H, D]
+    assert _in_layout(one_row, torch.randn(2, 1, 3, 8).transpose(1, 2)) is one_row
+    assert _in_layout(t, torch.randn(2, 3, 5, 8)) is t
