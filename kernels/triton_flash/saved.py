@@ -58,4 +58,4 @@ def backward_saved(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     if args is None:
         return None
     mask, sm_scale, _, bwd = args
-    return launch.backward(do.contiguous(), q, k, v, o, lse, mask, sm_scale, bwd)
+    return launch.backward(do, q, k, v, o, lse, mask, sm_scale, bwd)  # any strides, as the eager autograd passes it
