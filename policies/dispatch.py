@@ -14,10 +14,12 @@ Under ``torch.compile`` (``torch.compiler.is_compiling()``) the same functions e
 ``attntune::attention`` instead: it takes the call's semantics as primitive arguments and resolves the
 plan *inside* its implementation, at run time, from the real tensors — deterministically, through the
 same plan cache as eager calls. Dynamic shapes therefore get the plan of each actual shape, and a plan
-never gets baked into a graph. Its fake (meta) registration gives the output shape; its autograd
-registration calls ``attntune::attention_backward``, which recomputes the forward with the same plan
-under ``enable_grad`` and differentiates it (a second forward: the honest price of treating every
-variant as a black box). No graph breaks with ``fullgraph=True``.
+never gets baked into a graph. Its fake (meta) registration gives the output shape and layout (the inputs':
+:func:`_heads_inner`). A call that needs gradients emits ``attntune::attention_train`` instead, which also
+returns the row LSE of a variant that keeps one (``Variant.forward_saving``: the flash kernels, the SDPA
+variants), and whose backward runs that variant's own backward from it; other variants' backward recomputes
+the forward with the same plan under ``enable_grad`` and differentiates it. No graph breaks with
+``fullgraph=True``.
 
 CUDA graphs: once a signature has been called (warm-up), its calls do no host synchronisation, no
 allocation of host memory beyond Python objects, no I/O and no logging — they can be captured.
