@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attntune.kernels import sdpa_saved
 from attntune.kernels.base import Config, Variant
 from attntune.kernels.masks import build_mask, needs_mask
-from attntune.kernels import sdpa_saved
 from attntune.kernels.reference import expand_kv
 from attntune.kernels.sdpa_probe import torch_gpu_reasons
 from attntune.problem import DECODE_MAX_SQ, AttentionProblem
@@ -143,7 +143,6 @@ class SdpaVariant(Variant):
         if problem.seqlen_q <= DECODE_MAX_SQ and q.is_cuda:
             return _sdpa_with(_NOT_CUDNN, q, k, v, kwargs)  # torch's choice, minus cuDNN's per-shape graphs
         return _torch_sdpa(q, k, v, **kwargs)
-
 
     # ---- the compiled training op: forward and backward split (attntune.kernels.sdpa_saved) -----------
     def _split_backend(self, q) -> Tuple[bool, Optional[SDPBackend]]:
