@@ -793,7 +793,9 @@ def test_failing_sdpa_default_serves_the_call_on_eager_and_is_never_quarantined(
             raise RuntimeError("sdpa broke")
         return real(*a, **kw)
 
-    monkeypatch.setattr(registry.get("sdpa_default"), "run", broken)
+    # in the instance's __dict__, removed afterwards: monkeypatch.setattr on an instance would restore the
+    # bound method as an instance attribute, hiding every later class-level patch of run (a later test's)
+    monkeypatch.setitem(vars(registry.get("sdpa_default")), "run", broken)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         outs = [attntune.attention(q, k, v) for _ in range(3)]
@@ -1181,7 +1183,7 @@ def test_threads_meeting_a_new_shape_at_once_share_one_slot_and_every_call_is_co
         time.sleep(0.05)  # every thread is inside the slot's construction before any stores it
         return real_bind(problem, config)
 
-    monkeypatch.setattr(impl, "bind", slow_bind)
+    monkeypatch.setitem(vars(impl), "bind", slow_bind)  # removed afterwards (see the sdpa "run" patch above)
     q2, k2, v2 = rand_qkv(2, 4, 2, 5, 34, 16, seed=2)  # one key more: the same family, a new signature
 
     def worker():

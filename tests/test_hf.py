@@ -420,3 +420,31 @@ def test_module_attr_reads_instance_class_and_property_and_defaults_on_a_miss():
     assert _window_of(torch.nn.Linear(2, 2), _MISSING) is None  # a module without the attribute: no window
     assert _window_of(m, 8) == (7, 0)  # transformers' argument wins over the module's attribute
     assert _window_of(m, None) is None  # ... None included (a hybrid model's full-attention layer)
+
+
+def test_compiled_training_step_matches_sdpa_and_splits_the_backward(monkeypatch):
+    """A compiled Llama training step with ``attn_implementation="attntune"`` (inductor): loss and
+    gradients equal transformers' SDPA model's, and attention's backward runs from the kept LSE (the
+    plan is sdpa_default on the CPU: no recompute through run(), one aten forward and backward per layer).
+    24 tokens: a traced call of at most 16 queries is described by a ``kv_lens`` carrier (decode-sized),
+    which SDPA could only run with a mask."""
+    from attntune.kernels import sdpa
+
+    ours, ref = _models("llama", ["attntune", "sdpa"])
+    runs = []
+    real = sdpa.SdpaVariant.run
+    monkeypatch.setattr(sdpa.SdpaVariant, "run", lambda self, *a, **kw: runs.append(1) or real(self, *a, **kw))
+    torch._dynamo.reset()
+    ids = _ids(seq=24)
+    losses = []
+    for m in (ours, ref):
+        m.train()
+        step = torch.compile(lambda ids, m=m: m(ids, labels=ids).loss)
+        loss = step(ids)
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda s, n=name: f"{n}: {s}")
+    assert runs == [] and {p["variant"] for p in attntune.stats()["plans"]} == {"sdpa_default"}
+    torch._dynamo.reset()
