@@ -40,7 +40,8 @@ GPT-Neo, XGLM, …: their modeling module never reads ``ALL_ATTENTION_FUNCTIONS`
 get transformers' eager masks from :func:`attention_mask` (a described ``None`` would have left them
 without any causal mask) and one warning. Reading whether a 2-D padding mask is all ones needs its values: in eager mode
 that is one read per forward (HF's own SDPA path does the same); under tracing (``torch.compile``) the
-mask is kept unless no padding mask was given at all.
+mask is kept unless no padding mask was given at all (then a forward without a cache — a compiled training
+step — is described as None, a decode-sized one over a cache by ``kv_lens``).
 
 GQA needs nothing: key/value arrive with ``Hkv`` heads and attntune takes them as they are. Float8 key/value
 codes from :class:`attntune.hf_fp8.FP8StaticCache` carry their scales and go to ``attntune.attention(...,
@@ -353,6 +354,12 @@ def _described(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offs
         # no values can be read: only a call without any padding mask can be described
         if attention_mask is None and q_length <= DECODE_MAX_SQ:
             return _kv_lens(batch_size, q_length, q_offset, kv_offset, device, kv_length)
+        if (attention_mask is None and not isinstance(q_offset, torch.Tensor) and q_offset == 0 and kv_offset == 0
+                and q_length == kv_length):
+            # a forward without cache or padding (a compiled training step): the keys end at the last query,
+            # as in eager mode below — nothing to mask (a sliding layer's window comes from the layer). Before,
+            # a compiled Mistral training step got transformers' materialised window mask and HF's SDPA path.
+            return None
         return ...
     q_off = q_offset if isinstance(q_offset, int) else int(q_offset)  # one read of a static cache's position
     valid = q_off + q_length - kv_offset

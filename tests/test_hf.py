@@ -448,3 +448,24 @@ def test_compiled_training_step_matches_sdpa_and_splits_the_backward(monkeypatch
         torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda s, n=name: f"{n}: {s}")
     assert runs == [] and {p["variant"] for p in attntune.stats()["plans"]} == {"sdpa_default"}
     torch._dynamo.reset()
+
+
+def test_compiled_mistral_training_step_is_served_with_its_window():
+    """Under torch.compile a training forward (no cache, no padding mask) of a sliding-window model is
+    described, not masked: attntune serves it with the layer's window (before, transformers' materialised
+    window mask sent it to HF's SDPA path), and loss and gradients equal the SDPA model's."""
+    ours, ref = _models("mistral", ["attntune", "sdpa"])
+    torch._dynamo.reset()
+    ids = _ids(seq=24)  # > WINDOW and > 16 queries (not decode-sized)
+    losses = []
+    for m in (ours, ref):
+        m.train()
+        loss = torch.compile(lambda ids, m=m: m(ids, labels=ids).loss, backend="aot_eager")(ids)
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda s, n=name: f"{n}: {s}")
+    problems = [p["problem"] for p in attntune.stats()["plans"]]
+    assert problems and all(f"win({WINDOW - 1}, 0)" in p for p in problems), problems
+    torch._dynamo.reset()
