@@ -126,15 +126,15 @@ class _Pair(NamedTuple):
 #: (device type, backend) -> the aten forward/backward pair; only ops this torch has
 _PAIRS: Dict[Tuple[str, SDPBackend], _Pair] = {
     key: _Pair(fwd, bwd)
-    for key, fwd, bwd, ops in (
-        (("cuda", SDPBackend.FLASH_ATTENTION), _flash_fwd, _flash_bwd, ("_scaled_dot_product_flash_attention",)),
+    for key, fwd, bwd, op in (
+        (("cuda", SDPBackend.FLASH_ATTENTION), _flash_fwd, _flash_bwd, "_scaled_dot_product_flash_attention"),
         (("cuda", SDPBackend.EFFICIENT_ATTENTION), _efficient_fwd, _efficient_bwd,
-         ("_scaled_dot_product_efficient_attention",)),
-        (("cuda", SDPBackend.CUDNN_ATTENTION), _cudnn_fwd, _cudnn_bwd, ("_scaled_dot_product_cudnn_attention",)),
+         "_scaled_dot_product_efficient_attention"),
+        (("cuda", SDPBackend.CUDNN_ATTENTION), _cudnn_fwd, _cudnn_bwd, "_scaled_dot_product_cudnn_attention"),
         (("cpu", SDPBackend.FLASH_ATTENTION), _cpu_flash_fwd, _cpu_flash_bwd,
-         ("_scaled_dot_product_flash_attention_for_cpu",)),
+         "_scaled_dot_product_flash_attention_for_cpu"),
     )
-    if all(hasattr(_aten, op) and hasattr(_aten, op + "_backward") for op in ops)
+    if hasattr(_aten, op) and hasattr(_aten, op + "_backward")
 }
 
 

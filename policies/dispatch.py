@@ -677,7 +677,17 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor], ca
 @_attention_op.register_fake
 def _attention_fake(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx, needs_grad):
     validate_qkv(q, k, v, kv_lens)
+    return _out_fake(q, v)
+
+
+def _out_fake(q, v) -> Tensor:
+    """The compiled ops' output ``[B, Hq, Sq, Dv]`` in q's layout (fake registrations)."""
     return _empty_like_layout(q, (q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
+def _grads_fake(q, k, v) -> Tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of the compiled backward ops, each in its input's layout (fake registrations)."""
+    return tuple(_empty_like_layout(t, t.shape) for t in (q, k, v))
 
 
 @torch.library.custom_op("attntune::attention_backward", mutates_args=())
@@ -701,7 +711,7 @@ def _recompute_grads(sig, slot: Slot, grad_out, q, k, v, kv_lens) -> Tuple[Tenso
 @_attention_backward_op.register_fake
 def _attention_backward_fake(grad_out, q, k, v, kv_lens, causal, top_left, window_left, window_right, scale,
                              approx):
-    return tuple(_empty_like_layout(t, t.shape) for t in (q, k, v))
+    return _grads_fake(q, k, v)
 
 
 @contextmanager
@@ -774,8 +784,7 @@ def _no_residuals(q: Tensor) -> Tensor:
 @_attention_train_op.register_fake
 def _attention_train_fake(q, k, v, kv_lens, causal, top_left, window_left, window_right, scale, approx):
     validate_qkv(q, k, v, kv_lens)
-    return (_empty_like_layout(q, (q.shape[0], q.shape[1], q.shape[2], v.shape[3])),
-            q.new_empty(q.shape[:3], dtype=torch.float32))
+    return _out_fake(q, v), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("attntune::attention_train_backward", mutates_args=())
@@ -807,7 +816,7 @@ def _attention_train_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tens
 @_attention_train_backward_op.register_fake
 def _attention_train_backward_fake(grad_out, q, k, v, kv_lens, out, lse, causal, top_left, window_left,
                                    window_right, scale, approx):
-    return tuple(_empty_like_layout(t, t.shape) for t in (q, k, v))
+    return _grads_fake(q, k, v)
 
 
 def _train_setup_context(ctx, inputs, output) -> None:
