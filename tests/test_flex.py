@@ -45,3 +45,28 @@ def test_flex_supports_reasons():
     p = problem_from_tensors(q, k, v, kv_lens=torch.tensor([8], dtype=torch.int32))
     reasons = var.supports(p)
     assert any("CUDA" in r for r in reasons) and any("kv_lens" in r for r in reasons)
+
+
+def test_untuned_window_training_prefers_ours_for_wide_heads_or_short_windows(monkeypatch):
+    """The heuristic's two local-training rules (a GPU faked: every variant usable): head dim >= 96 or a
+    window of <= 256 keys goes to triton_local first (Flex runner-up), the H100's measured boundary; a D64
+    layer with a 1024-key window keeps Flex first. Forward-only windows are not affected."""
+    from attntune.policies import policy
+    from attntune.problem import AttentionProblem
+
+    monkeypatch.setattr(policy, "usable", lambda name, config, problem, quarantine: [])
+
+    def plan(d, left, mode="fwd_bwd"):
+        p = AttentionProblem(batch=1, heads_q=8, heads_kv=2, seqlen_q=4099, seqlen_kv=4099, head_dim=d, head_dim_v=d,
+                             dtype="bfloat16", device_type="cuda", causal=True, window=(left, 0), mode=mode)
+        return policy.heuristic_plan(p, None, set())
+
+    for d, left in ((128, 1023), (96, 4095), (64, 127), (64, 255)):
+        got = plan(d, left)
+        assert (got.impl.name, got.runner_up) == ("triton_local", "triton_flash"), (d, left, got.reasons)
+        assert any("rule local-training-ours" in r for r in got.reasons)
+    for d, left in ((64, 1023), (80, 256), (64, 256)):
+        got = plan(d, left)
+        assert got.impl.name == "flex" and any("rule local-training:" in r for r in got.reasons), (d, left)
+    assert plan(128, 1023, mode="fwd").impl.name == "triton_local"  # the forward-only "local" rule
+    assert not any("local-training" in r for r in plan(128, 1023, mode="fwd").reasons)
