@@ -34,6 +34,9 @@ CASES = {
     "window1024-S16384": (1, 32, 32, 16384, 128, True, (1024, 0)),  # bench_flash's window fwd+bwd case
     "hf-mistral-S4096-D64": (1, 32, 8, 4096, 64, True, (1023, 0)),  # bench_hf_train's layer
     "causal-S8192-D128": (4, 32, 32, 8192, 128, True, None),
+    "causal-S4096-D64": (4, 16, 16, 4096, 64, True, None),
+    "causal-S1024-D64": (4, 16, 16, 1024, 64, True, None),  # bench_flash's / the regret suite's training key
+    "dense-S2048-D64-gqa": (8, 32, 8, 2048, 64, False, None),
     "tiny": (1, 2, 1, 64, 32, True, (16, 0)),  # --smoke on the CPU is not possible: Triton needs a GPU here
 }
 KERNELS = ("bwd_preprocess_kernel", "bwd_dkdv_kernel", "bwd_dq_kernel")
