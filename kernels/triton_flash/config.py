@@ -171,7 +171,11 @@ def default_bwd_config(head_dim: int, dtype: torch.dtype) -> FlashBwdConfig:
             return FlashBwdConfig(BWD_BLOCK_M=32, BWD_BLOCK_N=64, BWD_WARPS=4, BWD_STAGES=2)
         return FlashBwdConfig(BWD_BLOCK_M=16, BWD_BLOCK_N=64, BWD_WARPS=8, BWD_STAGES=1)
     if head_dim <= 64:
-        return FlashBwdConfig(BWD_BLOCK_M=32, BWD_BLOCK_N=128, BWD_WARPS=8, BWD_STAGES=2)
+        # H100, D=64 bf16, device time of the three backward kernels over 24 configs
+        # (benchmarks/diag_bwd_kernels.py, diag_bwd_kernels_h100_2026-12-06{,b_d64}.json): the best or within
+        # 0.5 % of it on causal S1024/S4096, dense GQA S2048 and a W1024 GQA window; the former default
+        # (32/128/8/2) was 1.38-1.71x slower on all four
+        return FlashBwdConfig(BWD_BLOCK_M=64, BWD_BLOCK_N=64, BWD_WARPS=4, BWD_STAGES=3)
     if head_dim <= 128:
         # H200, D=128 bf16 (wide sweep, flash_h200_bwd_sweep.json): within 1 % of the best of 48 backward
         # configs on causal S=8192 and 5 % on window-1024 S=16384; the former default (16/128/8/2) was

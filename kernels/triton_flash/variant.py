@@ -61,6 +61,10 @@ class FlashVariantBase(Variant):
     # kernels and their launches — what a row timed — are unchanged (triton_flash, triton_local)
     equivalent_sources = {h: "forward_saving/backward_saved added (compiled backward only)"
                           for h in ("c5e7f5b6c556eeba", "b4741aae0dd8c689")}
+    # and before the D<=64 16-bit default backward config changed (config.default_bwd_config): the default
+    # serves untuned calls only — a row's stored config parses and runs as before
+    equivalent_sources.update({h: "default backward config for D<=64 changed (untuned calls only)"
+                               for h in ("afeda8c13b233cbf", "b2d8ac1b6e2aa73d")})
 
     def supports(self, problem: AttentionProblem) -> list[str]:
         return flash_reasons(problem)
