@@ -48,19 +48,6 @@ def _sdpa_native(p: AttentionProblem) -> bool:
             and max(p.head_dim, p.head_dim_v) <= SDPA_HEAD_DIM_MAX)
 
 
-#: Untuned window training goes to our kernels first from this head dim on, or for windows of at most
-#: this many keys (the left reach plus the diagonal), else to FlexAttention first: the boundary of the H100
-#: measurements in benchmarks/results/window_train_h100_2026-12-06.json (the rules' ``why`` lists them).
-LOCAL_TRAIN_OURS_MIN_D = 96
-LOCAL_TRAIN_OURS_MAX_W = 256
-
-
-def _ours_first_for_window_training(p: AttentionProblem) -> bool:
-    if not (p.is_local and p.mode == "fwd_bwd"):
-        return False
-    return max(p.head_dim, p.head_dim_v) >= LOCAL_TRAIN_OURS_MIN_D or p.window_bounds[0] + 1 <= LOCAL_TRAIN_OURS_MAX_W
-
-
 @dataclass(frozen=True)
 class Rule:
     """If ``when(problem)`` holds on one of ``devices``, try the variants of ``prefer`` in order."""
@@ -83,19 +70,15 @@ HEURISTIC_RULES: Tuple[Rule, ...] = (
          "padding and keys outside a window, and launches through its cached compiled kernel (host cost of a bare "
          "launch); SDPA needs a materialised mask for kv_lens/windows and its default cuDNN backend builds "
          "a graph per new KV length (35-54 ms each on the H200)"),
-    Rule("local-training-ours", ("cuda",), _ours_first_for_window_training,
-         ("triton_local", "triton_flash", "flex"),
-         f"finite left window, forward+backward, head dim >= {LOCAL_TRAIN_OURS_MIN_D} or a window of <= "
-         f"{LOCAL_TRAIN_OURS_MAX_W} keys: ours untuned beats FlexAttention 1.10-1.41x on the H100 on every such "
-         "shape measured (W 4096 S 8192 D128 GQA 1.29x; W 1024 S 16384 D128 1.22x; W 512 S 2048 D128 1.12x; "
-         "W 128 S 4096 D64 GQA 8:1 1.41x; W 256 S 1024 D64 1.10x; "
-         "benchmarks/results/window_train_h100_2026-12-06.json) and ties it on the H200 (W 1024 S 16384 D128: "
-         "2.99 vs 3.05 ms, flash_h200_bwd_sweep.json): ours first untuned, tuning decides"),
     Rule("local-training", ("cuda",), lambda p: p.is_local and p.mode == "fwd_bwd",
-         ("flex", "triton_local", "triton_flash"),
-         "finite left window, forward+backward, narrower head dim with a wider window: FlexAttention is 1.15x "
-         "ours untuned on the H100 at W 1024 S 4096 D64 GQA 4:1, B1 and B4 (HF Mistral-style layers; "
-         "benchmarks/results/window_train_h100_2026-12-06.json): Flex first untuned, tuning decides"),
+         ("triton_local", "triton_flash", "flex"),
+         "finite left window, forward+backward: ours untuned is ahead of FlexAttention or tied on every shape "
+         "measured through attntune.attention (benchmarks/bench_window_train.py). H200: W 1024 S 16384 D128 "
+         "1.21x, W 4096 S 8192 D128 GQA 1.00x, W 128 S 4096 D64 GQA 1.47x, W 256 S 1024 D64 1.06x, W 1024 "
+         "S 4096 D64 GQA B4 1.12x, B1 0.94x back to back / 1.11x as a single call; an HF Mistral-style eager "
+         "training step 36.9 ms against 38.2 with Flex (window_train_h200_2026-12-06_*.json, "
+         "hf_train_h200_2026-12-06_*.json); H100: 1.10-1.41x on the D128 and short-window shapes "
+         "(window_train_h100_2026-12-06*.json): ours first untuned, tuning decides"),
     Rule("local", ("cuda",), lambda p: p.is_local,
          ("triton_local", "triton_flash"),
          "finite left window: a block-skipping kernel costs O(S*W), SDPA's masked kernels O(S^2)"),
