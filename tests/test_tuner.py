@@ -900,6 +900,33 @@ def test_from_misses_tunes_this_devices_misses_and_clears_them(tmp_path):
     assert res.exit_code == 0 and "No misses recorded for this device" in res.output
 
 
+
+def test_from_misses_clears_settled_misses_and_keeps_unfinished_and_failed_ones(tmp_path, monkeypatch):
+    """A miss whose key ended without any passing variant is settled (a rerun would spend its tuning time for
+    the same result) and cleared with a note; keys left unfinished or failed by an error stay for the next run.
+    The tuner is replaced by one outcome per key, so only the command's bookkeeping is under test."""
+    from attntune.autotune import runner as tuner
+    from attntune.autotune.sweep import KeyResult
+
+    cache = str(tmp_path / "c.db")
+    store = CacheStore(cache)
+    problems = [prob(sq=16 + 8 * i, skv=16 + 8 * i) for i in range(4)]
+    keys = [key_of(p) for p in problems]
+    for k in keys:
+        store.record_miss(k)
+    outcomes = ["tuned", "no-winner", "unfinished", "error"]
+
+    def fake_run_tuning(problems, **kw):
+        by_id = {k.key_id: s for k, s in zip(keys, outcomes)}
+        return [KeyResult(key=k, status=by_id[k.key_id], reason=None if by_id[k.key_id] == "tuned" else "why")
+                for k in (key_of(p) for p in problems)]
+
+    monkeypatch.setattr(tuner, "run_tuning", fake_run_tuning)
+    res = runner.invoke(app, ["tune", "--from-misses", "--cache", cache, "--device", "cpu", "--quick"])
+    assert res.exit_code == 1, res.output  # the error key fails the run, as in any tune
+    assert "cleared 2 misses (1 without a passing variant" in " ".join(res.output.split())
+    assert sorted(m["key_id"] for m in store.misses()) == sorted(k.key_id for k in keys[2:])
+
 def test_tune_one_for_the_online_policy(tmp_path):
     store = CacheStore(tmp_path / "c.db")
     p = prob(sq=40, skv=40)

@@ -228,7 +228,7 @@ def tune(
     from attntune.autotune.runner import Interrupted, run_tuning, stop_signals_as_interrupt
     from attntune.autotune.sweep import FatalDeviceError
     from attntune.autotune.timing import TimingOptions
-    from attntune.cache import CacheStore, user_cache_url
+    from attntune.cache import user_cache_url
     from attntune.problem import DTYPES
 
     dev = _device(device)
@@ -323,12 +323,7 @@ def tune(
     )
     _say_busy(results, workers if dev.type == "cpu" else 1)
     if from_misses:
-        done = [r.key_id for r in results if r.record is not None and r.key_id in set(miss_ids)]
-        if done:
-            store = CacheStore(cache_url)
-            store.clear_misses(done)
-            store.dispose()
-            console.print(f"cleared {len(done)} misses")
+        _clear_settled_misses(results, miss_ids, cache_url)
     for e in view.errors:
         err_console.print(f"[red]{escape(e)}[/red]")
     if interrupted:
@@ -341,6 +336,28 @@ def tune(
         raise typer.Exit(1)
     _fail_if_nothing_done(results)
     _fail_on_key_errors(results, cache_url)
+
+
+#: Outcomes a rerun would not change: the miss is settled and cleared. A key that ended without any passing
+#: variant is cleared too (retrying it on every ``--from-misses`` run would cost its tuning time again for
+#: the same result; the runtime records it again when a model calls it). Unfinished keys (time limit,
+#: interrupt, another worker's claim) and errors stay for the next run.
+SETTLED = ("tuned", "skipped", "done-elsewhere", "no-winner")
+
+
+def _clear_settled_misses(results, miss_ids: List[str], cache_url: str) -> None:
+    ids = set(miss_ids)
+    done = [r.key_id for r in results if r.status in SETTLED and r.key_id in ids]
+    if not done:
+        return
+    from attntune.cache import CacheStore
+
+    store = CacheStore(cache_url)
+    store.clear_misses(done)
+    store.dispose()
+    hopeless = sum(r.status == "no-winner" and r.key_id in ids for r in results)
+    console.print(f"cleared {len(done)} misses" + (f" ({hopeless} without a passing variant: see the reasons above; "
+                                                   "recorded again if a model calls them again)" if hopeless else ""))
 
 
 def _cache_shown(cache_url: str) -> str:
