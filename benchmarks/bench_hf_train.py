@@ -99,7 +99,10 @@ def main(argv=None) -> None:
     if smoke:
         args.seq, args.steps = min(args.seq, 24), min(args.steps, 2)
     attntune.hf.register()
-    doc = {"benchmark": "hf_train", "environment": environment(), "args": vars(args), "smoke": smoke, "cases": []}
+    import transformers
+
+    doc = {"benchmark": "hf_train", "environment": environment(), "transformers": transformers.__version__,
+           "args": vars(args), "smoke": smoke, "cases": []}
     for kind in [m for m in args.models.split(",") if m]:
         for mode in [m for m in args.modes.split(",") if m]:
             row = run_case(kind, mode, args.batch, args.seq, args.steps, device, dtype, smoke)

@@ -23,7 +23,7 @@ def test_bench_hf_train_smoke(tmp_path):
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     doc = json.loads(out.read_text())
-    assert doc["smoke"] and doc["environment"]["torch"]
+    assert doc["smoke"] and doc["environment"]["torch"] and doc["transformers"]
     assert [(c["model"], c["mode"]) for c in doc["cases"]] == [("mistral", "eager"), ("mistral", "compiled")]
     for c in doc["cases"]:
         assert c["ms"]["sdpa"] > 0 and c["ms"]["attntune"] > 0 and c["ratio"] > 0
