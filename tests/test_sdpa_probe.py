@@ -142,3 +142,4 @@ class _Params:
     def __init__(self, query, key, value, attn_mask, dropout, is_causal, enable_gqa):
         self.query, self.key, self.value, self.attn_mask = query, key, value, attn_mask
         self.dropout, self.is_causal, self.enable_gqa = dropout, is_causal, enable_gqa
+
