@@ -78,7 +78,9 @@ HEURISTIC_RULES: Tuple[Rule, ...] = (
          "S 4096 D64 GQA B4 1.12x, B1 0.94x back to back / 1.11x as a single call; an HF Mistral-style eager "
          "training step 36.9 ms against 38.2 with Flex (window_train_h200_2026-12-06_*.json, "
          "hf_train_h200_2026-12-06_*.json); H100: 1.10-1.41x on the D128 and short-window shapes "
-         "(window_train_h100_2026-12-06*.json): ours first untuned, tuning decides"),
+         "(window_train_h100_2026-12-06*.json). Not everywhere: at W 512 S 2048 D128 the H200's tuner chose "
+         "Flex on 2026-12-03 (regret_h200.json), the H100's chose ours on 2026-12-06: ours first untuned, "
+         "tuning decides"),
     Rule("local", ("cuda",), lambda p: p.is_local,
          ("triton_local", "triton_flash"),
          "finite left window: a block-skipping kernel costs O(S*W), SDPA's masked kernels O(S^2)"),
