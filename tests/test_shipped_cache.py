@@ -10,6 +10,27 @@ from pathlib import Path
 from attntune.kernels import registry
 
 
+def _changed_source(family: str):
+    """``(rows, changed)``: the shipped winners ``(key_id, variant)`` of variants named ``family*`` and those whose
+    stored variant hash this code no longer accepts (``Variant.accepts_source``)."""
+    shipped = Path(__file__).resolve().parent.parent / "cache.db"
+    con = sqlite3.connect(f"file:{shipped}?mode=ro", uri=True)
+    rows = con.execute("SELECT key_id, variant, fingerprint_json FROM winners WHERE variant LIKE ?",
+                       (f"{family}%",)).fetchall()
+    con.close()
+    changed = {(k, v) for k, v, fp in rows if not registry.get(v).accepts_source(json.loads(fp)["variant_hash"])}
+    return [(k, v) for k, v, _ in rows], changed
+
+
+def test_the_shipped_sdpa_rows_keep_their_source():
+    """Editing the SDPA variants' hashed modules stales every shipped SDPA row (the dense keys of both GPUs):
+    such an edit either re-tunes and re-ships cache.db or, when the run path did not change, lists the old
+    hashes in SdpaVariant.equivalent_sources. This fails on an edit that did neither."""
+    rows, changed = _changed_source("sdpa_")
+    assert rows
+    changed = {v for _, v in changed}
+    assert not changed, f"shipped rows of {sorted(changed)} would be stale: variant source changed"
+
 #: The shipped rows of Triton variants written under an earlier kernel source that no re-tune has replaced
 #: yet (H200 rows: an H200 re-tune re-ships them, and this set shrinks — the test then still passes).
 STALE_BY_SOURCE_AWAITING_RETUNE = frozenset({
@@ -22,13 +43,10 @@ STALE_BY_SOURCE_AWAITING_RETUNE = frozenset({
 
 
 def test_the_shipped_triton_rows_keep_their_source():
-    """As above for the Triton variants: an edit of their hashed modules (a default config, a comment) stales
+    """As for the SDPA variants: an edit of their hashed modules (a default config, a comment) stales
     every shipped row tuned on the current source unless it re-tunes or lists the old hash in
     ``equivalent_sources``. Only the rows already known to await a re-tune may read as a changed source."""
-    shipped = Path(__file__).resolve().parent.parent / "cache.db"
-    con = sqlite3.connect(f"file:{shipped}?mode=ro", uri=True)
-    rows = con.execute("SELECT key_id, variant, fingerprint_json FROM winners WHERE variant LIKE 'triton_%'").fetchall()
-    con.close()
+    rows, changed = _changed_source("triton_")
     assert len(rows) > len(STALE_BY_SOURCE_AWAITING_RETUNE)
-    changed = {k for k, v, fp in rows if not registry.get(v).accepts_source(json.loads(fp)["variant_hash"])}
+    changed = {k for k, _ in changed}
     assert changed <= STALE_BY_SOURCE_AWAITING_RETUNE, f"shipped rows newly stale by source: {sorted(changed)}"
