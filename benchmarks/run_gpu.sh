@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call, results as JSON under $OUT (default benchmarks/results/latest).
 # Usage: STAGES="tests tune suite flash decode fp8 tf32 dispatch e2e generate regret probe profile hfcalls hftrain
-#        wintrain bwddiag" bash benchmarks/run_gpu.sh
+#        wintrain bwddiag flashlaunch" bash benchmarks/run_gpu.sh
 # Stages run in the order given; a failing stage is logged and the next one runs.
 # Output: $OUT/results.tar.gz (every JSON + log) and $OUT/cache.db when the tune stage ran.
 set -u
@@ -56,6 +56,7 @@ for st in $STAGES; do
     hftrain)  timeout $T_BENCH python3 benchmarks/bench_hf_train.py --out "$W/hf_train.json" ${HFTRAIN_ARGS:-} > "$W/hf_train.log" 2>&1; grep '^{' "$W/hf_train.log" | cut -c1-400 ;;
     wintrain) ATTNTUNE_SYSTEM_CACHE= ATTNTUNE_CACHE="$W/empty.db" timeout $T_BENCH python3 benchmarks/bench_window_train.py --out "$W/window_train.json" ${WINTRAIN_ARGS:-} > "$W/window_train.log" 2>&1; grep '^{' "$W/window_train.log" | cut -c1-500 ;;
     bwddiag)  timeout $T_BENCH python3 benchmarks/diag_bwd_kernels.py --out "$W/diag_bwd_kernels.json" ${BWDDIAG_ARGS:-} > "$W/diag_bwd.log" 2>&1; grep '^{' "$W/diag_bwd.log" | cut -c1-700 ;;
+    flashlaunch) ATTNTUNE_SYSTEM_CACHE= ATTNTUNE_CACHE="$W/empty.db" timeout $T_BENCH python3 benchmarks/probe_flash_launch.py --out "$W/probe_flash_launch.json" > "$W/probe_flash_launch.log" 2>&1; grep '^{' "$W/probe_flash_launch.log" | cut -c1-700 ;;
     tf32)     timeout $T_BENCH python3 benchmarks/probe_tf32.py --out "$W/probe_tf32.json" ${TF32_ARGS:-} > "$W/tf32.log" 2>&1; grep -v Warning "$W/tf32.log" | tail -20 ;;
     probe)    timeout $T_BENCH python3 benchmarks/probe_host.py --out "$W/probe_host.json" > "$W/probe.log" 2>&1; tail -30 "$W/probe.log" ;;
     profile)  ATTNTUNE_CACHE=${ATTNTUNE_CACHE:-$W/cache.db} timeout $T_BENCH python3 benchmarks/profile_host.py --out "$W/profile_host.json" > "$W/profile.log" 2>&1; grep -E "^---|tottime|attntune|launch|triton|sdpa|scaled_dot" "$W/profile.log" | head -${PROFILE_LINES:-60} ;;

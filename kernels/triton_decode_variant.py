@@ -16,9 +16,9 @@ import torch
 from attntune.kernels.base import Config, Space, Variant
 from attntune.kernels.launch_config import cached_parser
 from attntune.kernels.triton_common import block_d, device_reasons, dot_precision
-from attntune.kernels.triton_decode.launch import (SMEM_BLOCK_BUDGET, DecodeConfig, DecodeLaunch, _stride_classes,
-                                                   block_m,
+from attntune.kernels.triton_decode.launch import (SMEM_BLOCK_BUDGET, DecodeConfig, DecodeLaunch, block_m,
                                                    keys_per_program, kv_smem_bytes, prepare_decode)
+from attntune.kernels.triton_launch import int_classes
 from attntune.tolerances import tf32_allowed
 from attntune.problem import KV_DTYPES, AttentionProblem
 
@@ -52,6 +52,10 @@ class TritonDecodeVariant(Variant):
     # FP8 K/V caches: codes widened in registers, K's scale folded into the softmax scale, V's applied to
     # the output (kernels/triton_decode/jit.py)
     kv_dtypes = tuple(KV_DTYPES)
+    # Rows written before the flash op launched through FastKernel too (kernels/triton_launch.py: int_classes
+    # moved there from this op's launch.py, an ``opts`` argument and Triton's own path under a
+    # torch.compile trace); this op's kernels, plans and launch arguments are unchanged
+    equivalent_sources = {"169de08f70474440": "FastKernel shared with the flash op (launches unchanged)"}
     source_modules = (
         "attntune.kernels.launch_config",
         "attntune.kernels.triton_common",
@@ -220,7 +224,7 @@ class BoundDecode:
             # of them (HF's dynamic cache: a new contiguous K/V tensor every step, other batch and head
             # strides): that launch with this call's strides, instead of a new prepare (9.5 µs on a 2-core
             # CPU host, once per step). The output's strides are those of q's shape (allocated above).
-            twin_key = layout[:4] + (_stride_classes(*q.stride(), *k.stride(), *v.stride()),) + layout[7:]
+            twin_key = layout[:4] + (int_classes(*q.stride(), *k.stride(), *v.stride()),) + layout[7:]
             twins = self.twins.get(twin_key) or []
             twin = next((x for x in twins if x.lo <= s <= x.hi), None)
             if twin is not None:

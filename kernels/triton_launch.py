@@ -13,8 +13,9 @@ that captures everything Triton specializes on for those arguments (:func:`int_c
 alignment; the caller knows which of its arguments Triton specializes, and which are constant for its
 plan). The first launch of a key goes through Triton's own path, which compiles and returns the
 ``CompiledKernel``; later launches of that key call ``CompiledKernel.run`` directly with the current
-raw stream. A Triton without that interface (older or newer internals), the interpreter, or an active
-launch hook (a profiler) keep Triton's own path — always correct, only slower.
+raw stream. A Triton without that interface (older or newer internals), the interpreter, an active
+launch hook (a profiler), or a trace by ``torch.compile`` keep Triton's own path — always correct, only
+slower. Users: the decode op (two kernels) and the flash op (forward and three backward kernels).
 """
 
 from __future__ import annotations
@@ -37,6 +38,22 @@ def int_class(x: int) -> int:
     """
     c = 1 if x == 1 else (16 if x % 16 == 0 else 0)
     return c if _INT32_MIN <= x <= _INT32_MAX else c + 100
+
+
+def int_classes(*xs: int) -> tuple:
+    """:func:`int_class` of several integers at once, cheaper: the class of each (1, 16 or 0), plus a
+    trailing 64 when any of them needs 64 bits (the caller's key then changes with the width).
+
+    >>> int_classes(1, 32, 7), int_classes(2**33, 1)
+    ((1, 16, 0), (16, 1, 64))
+    """
+    out = tuple([1 if x == 1 else (16 if x % 16 == 0 else 0) for x in xs])
+    return out if _INT32_MIN <= min(xs) and max(xs) <= _INT32_MAX else out + (64,)
+
+
+def aligned(*ts) -> tuple:
+    """:func:`ptr_class` of each tensor argument; None (an argument Triton takes as a constant) stays None."""
+    return tuple([None if t is None else t.data_ptr() % 16 == 0 for t in ts])
 
 
 def ptr_class(t: torch.Tensor) -> bool:
@@ -78,18 +95,23 @@ class FastKernel:
         self._hooks = _hook_holder() if self.direct else None
 
     def __call__(self, key: Tuple, grid: Tuple[int, int, int], args: Sequence[Any], num_warps: int,
-                 num_stages: Optional[int], device_index: int) -> None:
+                 num_stages: Optional[int], device_index: int, opts: Optional[Dict[str, Any]] = None) -> None:
         """Launch ``fn[grid](*args, num_warps=..., num_stages=...)`` on the current stream of
-        ``device_index``. ``key`` must determine Triton's specialization of ``args`` (and the launch
-        options): two calls with equal keys must compile to the same kernel."""
-        ck = self._compiled.get((device_index, key)) if self.direct else None
+        ``device_index``; ``opts``, when given, are all of the launch options instead (e.g. ROCm's
+        ``waves_per_eu``). ``key`` must determine Triton's specialization of ``args`` and the launch
+        options: two calls with equal keys must compile to the same kernel."""
+        # under a torch.compile trace Dynamo must see Triton's own launch (it records a kernel side table)
+        direct = self.direct and not torch.compiler.is_compiling()
+        ck = self._compiled.get((device_index, key)) if direct else None
         if ck is not None and not _hooks_active(self._hooks):
             ck.run(grid[0], grid[1], grid[2], self._raw_stream(device_index), ck.function, ck.packed_metadata,
                    None, None, None, *args)
             return
-        opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+        if opts is None:
+            opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps,
+                                                                        "num_stages": num_stages}
         kernel = self.fn[grid](*args, **opts)
-        if self.direct and ck is None and self._usable(kernel):
+        if direct and ck is None and self._usable(kernel):
             self._compiled[(device_index, key)] = kernel
 
     def _usable(self, kernel) -> bool:
@@ -103,4 +125,4 @@ class FastKernel:
         self._compiled.clear()
 
 
-__all__ = ["FastKernel", "int_class", "ptr_class"]
+__all__ = ["FastKernel", "aligned", "int_class", "int_classes", "ptr_class"]

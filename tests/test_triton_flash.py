@@ -575,3 +575,54 @@ def test_forward_backward_tf32_copies(shape, kw, monkeypatch):
             torch.testing.assert_close(a, b, atol=0, rtol=0)
     finally:
         torch.set_float32_matmul_precision(old)
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a buffer whose data pointer is one element past a 16-byte boundary."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
+    return buf.view(t.shape).copy_(t)
+
+
+def _wide_rows(t: torch.Tensor, pad: int = 8) -> torch.Tensor:
+    """The same values with a row stride of D + pad elements (not a multiple of 16 for pad = 8)."""
+    out = torch.empty(*t.shape[:-1], t.shape[-1] + pad, dtype=t.dtype, device=t.device)[..., : t.shape[-1]]
+    return out.copy_(t)
+
+
+@pytest.mark.gpu
+def test_gpu_fast_launch_keys_every_specialization():
+    """After its first launch of a specialization, each flash kernel launches through the compiled kernel's
+    launcher (``FastKernel``), found by a key of everything Triton specializes on. One config serves calls
+    that differ in one such thing at a time — pointer alignment, a stride's divisibility, a length or group of
+    1, a length divisible by 16 or not, the mask's constexprs — each checked against the reference: a key that
+    missed one would run a kernel compiled for another specialization (wrong values or a fault)."""
+    cfg = FlashFwdConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    bcfg = {"BWD_BLOCK_M": 32, "BWD_BLOCK_N": 64, "BWD_WARPS": 4, "BWD_STAGES": 2}
+    dt = torch.bfloat16
+    base = qkv(2, 4, 2, 208, 208, 64, dtype=dt)
+    kernels = (launch._FWD, launch._PRE, launch._DKDV, launch._DQ)
+    for fk in kernels:
+        fk.clear()  # count this test's keys only
+    cases = [
+        ("base", base, {}),
+        ("repeat", qkv(2, 4, 2, 208, 208, 64, dtype=dt, seed=3), {}),
+        ("q misaligned", (_misaligned(base[0]), *base[1:]), {}),
+        ("k/v misaligned", (base[0], _misaligned(base[1]), _misaligned(base[2])), {}),
+        ("row stride 72", tuple(_wide_rows(t) for t in base), {}),
+        ("group 1", qkv(2, 2, 2, 208, 208, 64, dtype=dt), {}),
+        ("lengths 197/203", qkv(2, 4, 2, 197, 203, 64, dtype=dt), {}),
+        ("one query row", qkv(2, 4, 2, 1, 208, 64, dtype=dt), {"causal": True}),
+        ("batch 1, one head per group", qkv(1, 1, 1, 208, 208, 64, dtype=dt), {}),
+        ("causal", base, {"causal": True}),
+        ("window", base, {"window": (37, 0)}),
+        ("base again", base, {}),
+    ]
+    for name, (q, k, v), kw in cases:
+        try:
+            check(q, k, v, config=cfg, bwd_config=bcfg, ref_dtype=torch.float32, **kw)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from e
+        if name == "repeat":  # same specialization: the kept kernels launched, no new key
+            assert [len(fk._compiled) for fk in kernels] == [1, 1, 1, 1]
+    assert all(fk.direct for fk in kernels)
+    assert len(launch._FWD._compiled) == len(cases) - 2  # every case but the two repeats specialized anew

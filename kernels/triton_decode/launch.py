@@ -19,7 +19,7 @@ import torch
 from attntune.kernels.launch_config import LaunchConfig, at_least, knob, pow2_at_least, warps_valid
 from attntune.kernels.triton_common import LOG2E, MIN_BLOCK, ON_ROCM, block_d, next_pow2
 from attntune.kernels.triton_decode.jit import decode_reduce_kernel, decode_split_kernel
-from attntune.kernels.triton_launch import FastKernel
+from attntune.kernels.triton_launch import FastKernel, int_classes
 from attntune.problem import canonical_mask, validate_window
 
 MAX_SPLITS = 64
@@ -429,12 +429,6 @@ def _semaphores(n: int, device: torch.device, key: Optional[Tuple[int, int]]) ->
     return _kept(_SEMAPHORES, n, key, lambda m: torch.zeros(m, device=device, dtype=torch.int32))
 
 
-def _stride_classes(*strides: int) -> tuple:
-    """Triton's specialization of stride arguments (see :func:`attntune.kernels.triton_launch.int_class`)."""
-    out = tuple([1 if x == 1 else (16 if x % 16 == 0 else 0) for x in strides])
-    return out if max(strides) <= 0x7FFFFFFF else out + (64,)
-
-
 class DecodeLaunch(NamedTuple):
     """One launch of the decode op with every argument but the tensors and the KV length fixed: what
     :func:`prepare_decode` derives from the shapes, strides, alignments, mask and config. It serves every
@@ -533,7 +527,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
            p.block_dv, p.even_d, q.dtype, None if kv_lens is None else (kv_lens.dtype, kv_lens.data_ptr() % 16 == 0),
            dot_precision, D, Dv, q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0,
            v_cache.data_ptr() % 16 == 0, True if split else out.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
-           _stride_classes(*qs, *ks, *vs, *os_, S_max, lse_off),
+           int_classes(*qs, *ks, *vs, *os_, S_max, lse_off),
            # FP8: the caches' code type, the scales' alignment and per-head stride (0/1: specialized)
            (k_cache.dtype, v_cache.dtype, k_scale.data_ptr() % 16 == 0, v_scale.data_ptr() % 16 == 0,
             ksc_stride, vsc_stride) if has_scale else None)
@@ -546,7 +540,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     rkey = rtail = None
     if split and not fused:
         rkey = (p.block_s, p.block_dv, p.reduce_warps, out.dtype, Dv, True, out.data_ptr() % 16 == 0,
-                _stride_classes(*os_, lse_off))
+                int_classes(*os_, lse_off))
         rtail = (*os_, Hq, Sq, Dv, p.splits, lse_off, p.block_s, p.block_dv)
     # the lengths that share this launch: same plan inputs (length_range), same Triton class (a length of 1
     # is a class of its own; a length past int32 changes the argument's width)

@@ -7,6 +7,13 @@ work without copies. Shapes (``Hq % Hkv == 0``):
 
 Launch configs are typed (:mod:`attntune.kernels.triton_flash.config`): :func:`forward` takes a
 :class:`FlashFwdConfig`, :func:`backward` a :class:`FlashBwdConfig`.
+
+The kernels launch through :class:`attntune.kernels.triton_launch.FastKernel`: every argument positional,
+in the kernel's parameter order (constexprs included), with a key of everything Triton specializes on
+(launch options and constexprs, dtypes, pointer alignment, the classes of the integer arguments). A
+repeated specialization then costs a call of the compiled kernel's launcher, not Triton's binder (33.5 µs
+of host time a launch on the H200 host against 8.7: ``probe_host_h200.json``) — four launches for a
+forward and backward.
 """
 
 from __future__ import annotations
@@ -20,9 +27,16 @@ from attntune.fp8 import check_scales
 from attntune.kernels.triton_common import LOG2E, block_d, dot_precision
 from attntune.kernels.triton_flash import jit_bwd, jit_fwd
 from attntune.kernels.triton_flash.config import FlashBwdConfig, FlashFwdConfig
+from attntune.kernels.triton_launch import FastKernel, aligned, int_classes
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+
+_FWD = FastKernel(jit_fwd.flash_fwd_kernel)
+_PRE = FastKernel(jit_bwd.bwd_preprocess_kernel)
+_DKDV = FastKernel(jit_bwd.bwd_dkdv_kernel)
+_DQ = FastKernel(jit_bwd.bwd_dq_kernel)
+_PRE_BM = 64  # rows per program of the backward's preprocess kernel (o . dO row sums)
 
 # Output allocation goes through these two names so that tests can poison every buffer the kernels
 # must fully overwrite (an element left unwritten then shows up as NaN).
@@ -159,49 +173,27 @@ def forward(
     if Sq == 0 or B * Hq == 0:
         return o, lse
     BM, BN, BD = config.BLOCK_M, config.BLOCK_N, block_d(D)
-    grid = (triton.cdiv(Sq, BM) * B * Hq,)
+    grid = triton.cdiv(Sq, BM) * B * Hq
     if Skv > 1 and v.stride(2) != 1 and v_keys_contiguous(q.dtype, k_scale is not None):
         v = v.transpose(2, 3).contiguous().transpose(2, 3)
     descs = _descriptors(q, k, v, o, BM, BN, BD) if config.LOADS and Skv > 0 else None
-    jit_fwd.flash_fwd_kernel[grid](
-        q,
-        k,
-        v,
-        o,
-        lse,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *o.stride(),
-        Sq,
-        Skv,
-        D,
-        Hq,
-        Hq // Hkv,
-        mask.diag_off,
-        mask.win_left,
-        mask.win_right,
-        sm_scale * LOG2E,
-        *(descs or (None,) * 4),
-        k_scale,
-        v_scale,
-        0 if k_scale is None or k_scale.numel() == 1 else 1,
-        0 if v_scale is None or v_scale.numel() == 1 else 1,
-        BLOCK_M=BM,
-        BLOCK_N=BN,
-        BLOCK_D=BD,
-        HAS_LEFT=mask.has_left,
-        HAS_RIGHT=mask.has_right,
-        EVEN_D=(BD == D),
-        DOT_PREC=dot_precision(q.dtype),
-        DESC=descs is not None,
-        # 4 warps do not compile with Triton 3.6's warp specialization (see space.constraint_reasons): a
-        # config given by hand that asks for it takes the plain descriptor loop (LOADS is a preference)
-        WS=descs is not None and config.LOADS == 2 and config.num_warps >= 8,
-        FP8=k_scale is not None,
-        FP8_MAX=float(torch.finfo(k.dtype).max) if k_scale is not None else 0.0,
-        **config.launch_opts(),
-    )
+    fp8 = k_scale is not None
+    dot_prec = dot_precision(q.dtype)
+    # 4 warps do not compile with Triton 3.6's warp specialization (see space.constraint_reasons): a
+    # config given by hand that asks for it takes the plain descriptor loop (LOADS is a preference)
+    ws = descs is not None and config.LOADS == 2 and config.num_warps >= 8
+    ints = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), Sq, Skv, D, Hq, Hq // Hkv,
+            mask.diag_off, mask.win_left, mask.win_right)
+    ksc = 0 if k_scale is None or k_scale.numel() == 1 else 1
+    vsc = 0 if v_scale is None or v_scale.numel() == 1 else 1
+    # the constexprs: BLOCK_M, BLOCK_N, BLOCK_D, HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC, DESC, WS, FP8, FP8_MAX
+    const = (BM, BN, BD, mask.has_left, mask.has_right, BD == D, dot_prec, descs is not None, ws, fp8,
+             float(torch.finfo(k.dtype).max) if fp8 else 0.0)
+    key = (config, q.dtype, k.dtype, const, aligned(q, k, v, o, lse, k_scale, v_scale),
+           int_classes(*ints, ksc, vsc))
+    _FWD(key, (grid, 1, 1), (q, k, v, o, lse, *ints, sm_scale * LOG2E, *(descs or (None,) * 4),
+                             k_scale, v_scale, ksc, vsc, *const),
+         config.num_warps, config.num_stages, q.get_device(), config.launch_opts())
     return o, lse
 
 
@@ -224,87 +216,35 @@ def backward(
         return dq.zero_(), dk.zero_(), dv.zero_()
     BD = block_d(D)
     BM, BN = config.BWD_BLOCK_M, config.BWD_BLOCK_N
-    common = {
-        "HAS_LEFT": mask.has_left,
-        "HAS_RIGHT": mask.has_right,
-        "EVEN_D": (BD == D),
-        "DOT_PREC": dot_precision(q.dtype),
-    }
+    dot_prec = dot_precision(q.dtype)
     opts = config.launch_opts()
+    dev = q.get_device()
     # TF32: three backward dots read row/key-contiguous copies of q, dO and k (jit_bwd's ALT_B)
     alt = tf32_b_copies(q.dtype)
-    common["ALT_B"] = alt
     qb, dob, kb = (t.transpose(2, 3).contiguous() for t in (q, do, k)) if alt else (None, None, None)
 
     delta = _empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
-    pre_bm = 64
-    jit_bwd.bwd_preprocess_kernel[(triton.cdiv(Sq, pre_bm) * B * Hq,)](
-        o, do, delta, *o.stride(), *do.stride(), Sq, D, Hq, BLOCK_M=pre_bm, BLOCK_D=BD, num_warps=4
-    )
+    pre = (*o.stride(), *do.stride(), Sq, D, Hq)
+    _PRE((o.dtype, do.dtype, BD, aligned(o, do, delta), int_classes(*pre)), (triton.cdiv(Sq, _PRE_BM) * B * Hq, 1, 1),
+         (o, do, delta, *pre, _PRE_BM, BD), 4, None, dev)
 
-    qk_scale = sm_scale * LOG2E
-    jit_bwd.bwd_dkdv_kernel[(triton.cdiv(Skv, BN) * B * Hkv,)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dk,
-        dv,
-        qb,
-        dob,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *do.stride(),
-        *dk.stride(),
-        *dv.stride(),
-        Sq,
-        Skv,
-        D,
-        Hkv,
-        Hq // Hkv,
-        mask.diag_off,
-        mask.win_left,
-        mask.win_right,
-        qk_scale,
-        sm_scale,
-        BLOCK_M=BM,
-        BLOCK_N=BN,
-        BLOCK_D=BD,
-        **common,
-        **opts,
-    )
+    # shared by both kernels: q, k, v, dO strides, then lengths, head dim, heads, group, mask, scales
+    qkv = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    tail = (Sq, Skv, D)
+    mask_ints = (Hq // Hkv, mask.diag_off, mask.win_left, mask.win_right)
+    scales = (sm_scale * LOG2E, sm_scale)
+    # the constexprs after BLOCK_M/BLOCK_N: BLOCK_D, HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC, ALT_B
+    const = (BD, mask.has_left, mask.has_right, BD == D, dot_prec, alt)
+    key = (config, q.dtype, do.dtype, const)
+    ints = (*qkv, *dk.stride(), *dv.stride(), *tail, Hkv, *mask_ints)
+    _DKDV(key + (aligned(q, k, v, do, lse, delta, dk, dv, qb, dob), int_classes(*ints)),
+          (triton.cdiv(Skv, BN) * B * Hkv, 1, 1),
+          (q, k, v, do, lse, delta, dk, dv, qb, dob, *ints, *scales, BM, BN, *const),
+          config.BWD_WARPS, config.BWD_STAGES, dev, opts)
     # the dQ kernel mirrors the roles: BWD_BLOCK_N rows resident, BWD_BLOCK_M keys streamed
-    jit_bwd.bwd_dq_kernel[(triton.cdiv(Sq, BN) * B * Hq,)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        kb,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *do.stride(),
-        *dq.stride(),
-        Sq,
-        Skv,
-        D,
-        Hq,
-        Hq // Hkv,
-        mask.diag_off,
-        mask.win_left,
-        mask.win_right,
-        qk_scale,
-        sm_scale,
-        BLOCK_M=BN,
-        BLOCK_N=BM,
-        BLOCK_D=BD,
-        **common,
-        **opts,
-    )
+    ints = (*qkv, *dq.stride(), *tail, Hq, *mask_ints)
+    _DQ(key + (aligned(q, k, v, do, lse, delta, dq, kb), int_classes(*ints)),
+        (triton.cdiv(Sq, BN) * B * Hq, 1, 1),
+        (q, k, v, do, lse, delta, dq, kb, *ints, *scales, BN, BM, *const),
+        config.BWD_WARPS, config.BWD_STAGES, dev, opts)
     return dq, dk, dv

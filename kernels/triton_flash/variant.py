@@ -20,6 +20,7 @@ SOURCE_MODULES = (
         "attntune.kernels.triton_flash.jit_bwd",
         "attntune.kernels.triton_flash.launch",
         "attntune.kernels.triton_flash.op",
+        "attntune.kernels.triton_launch",
     )
     if HAS_TRITON
     else ()
@@ -65,6 +66,10 @@ class FlashVariantBase(Variant):
     # serves untuned calls only — a row's stored config parses and runs as before
     equivalent_sources.update({h: "default backward config for D<=64 changed (untuned calls only)"
                                for h in ("afeda8c13b233cbf", "b2d8ac1b6e2aa73d")})
+    # and before the kernels launched through FastKernel (kernels/triton_launch.py, now hashed too): the same
+    # kernels with the same arguments, launched by the compiled kernel's launcher after the first call
+    equivalent_sources.update({h: "launched through FastKernel (same kernels and arguments)"
+                               for h in ("42c622b524deff6f", "7bfe9d1bb30e31e8")})
 
     def supports(self, problem: AttentionProblem) -> list[str]:
         return flash_reasons(problem)
