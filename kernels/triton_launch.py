@@ -47,8 +47,17 @@ def int_classes(*xs: int) -> tuple:
     >>> int_classes(1, 32, 7), int_classes(2**33, 1)
     ((1, 16, 0), (16, 1, 64))
     """
-    out = tuple([1 if x == 1 else (16 if x % 16 == 0 else 0) for x in xs])
-    return out if _INT32_MIN <= min(xs) and max(xs) <= _INT32_MAX else out + (64,)
+    out = _CLASSES.get(xs)
+    if out is None:
+        out = tuple([1 if x == 1 else (16 if x % 16 == 0 else 0) for x in xs])
+        out = out if _INT32_MIN <= min(xs) and max(xs) <= _INT32_MAX else out + (64,)
+        if len(_CLASSES) < _CLASSES_MAX:  # a model repeats a few shapes: a lookup instead of ~30 tests
+            _CLASSES[xs] = out
+    return out
+
+
+_CLASSES: Dict[Tuple[int, ...], tuple] = {}
+_CLASSES_MAX = 4096
 
 
 def aligned(*ts) -> tuple:
