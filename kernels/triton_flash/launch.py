@@ -35,8 +35,11 @@ _FWD = FastKernel(jit_fwd.flash_fwd_kernel)
 _PRE = FastKernel(jit_bwd.bwd_preprocess_kernel)
 _DKDV = FastKernel(jit_bwd.bwd_dkdv_kernel)
 _DQ = FastKernel(jit_bwd.bwd_dq_kernel)
+
+
 def _cdiv(a: int, b: int) -> int:
-    """Ceil division; ``triton.cdiv`` is a constexpr function in newer Tritons (~10 µs a host call)."""
+    """Ceil division. ``triton.cdiv`` is a ``ConstexprFunction`` in Triton 3.9: 2.7 µs a host call on the
+    2-core CPU box, four calls a forward and backward."""
     return -(-a // b)
 
 
