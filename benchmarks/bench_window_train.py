@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env import environment  # noqa: E402
+from env import bench_target, environment  # noqa: E402
 
 import attntune  # noqa: E402
 
@@ -123,14 +123,10 @@ def main(argv=None) -> int:
     ap.add_argument("--inner", type=int, default=8, help="calls per back-to-back timing")
     ap.add_argument("--smoke", action="store_true", help="a tiny float32 shape on the CPU (Triton interpreter)")
     args = ap.parse_args(argv)
-    if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"
-        shapes, device, dtype = SMOKE, "cpu", torch.float32
-    elif not torch.cuda.is_available():
-        print("bench_window_train: needs a CUDA GPU (or --smoke)", file=sys.stderr)
+    target = bench_target(args.smoke, SHAPES, SMOKE, "bench_window_train")
+    if target is None:
         return 2
-    else:
-        shapes, device, dtype = SHAPES, "cuda", torch.bfloat16
+    shapes, device, dtype = target
     doc = {"benchmark": "bench_window_train", "environment": environment(), "args": vars(args), "cases": {}}
     for name in (list(shapes) if args.smoke else args.shapes.split(",")):
         try:

@@ -45,3 +45,19 @@ def environment() -> dict:
     else:
         env.update(gpu=None, cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
     return env
+
+
+def bench_target(smoke: bool, shapes: dict, smoke_shapes: dict, script: str):
+    """What a shape benchmark runs on: ``(shapes, device, dtype)`` — with ``smoke``, ``smoke_shapes`` in float32
+    on the CPU through the Triton interpreter (set here, before Triton is imported by the run); otherwise
+    ``shapes`` in bfloat16 on the GPU, or None (after saying so on stderr) where there is no CUDA GPU."""
+    import os
+    import sys
+
+    if smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+        return smoke_shapes, "cpu", torch.float32
+    if not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return None
+    return shapes, "cuda", torch.bfloat16

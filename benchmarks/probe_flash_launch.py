@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env import environment  # noqa: E402
+from env import bench_target, environment  # noqa: E402
 
 # name: (B, Hq, Hkv, S, D, causal, left window or None, variant pinned for attntune.attention)
 SHAPES = {
@@ -157,14 +157,10 @@ def main(argv=None) -> int:
     ap.add_argument("--inner", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="a tiny float32 shape on the CPU (Triton interpreter)")
     args = ap.parse_args(argv)
-    if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"
-        shapes, device, dtype = SMOKE, "cpu", torch.float32
-    elif not torch.cuda.is_available():
-        print("probe_flash_launch: needs a CUDA GPU (or --smoke)", file=sys.stderr)
+    target = bench_target(args.smoke, SHAPES, SMOKE, "probe_flash_launch")
+    if target is None:
         return 2
-    else:
-        shapes, device, dtype = SHAPES, "cuda", torch.bfloat16
+    shapes, device, dtype = target
     doc = {"benchmark": "probe_flash_launch", "environment": environment(), "args": vars(args), "cases": {}}
     for name in (list(shapes) if args.smoke else args.shapes.split(",")):
         doc["cases"][name] = run_shape(shapes[name], args.reps, args.inner, device, dtype)
