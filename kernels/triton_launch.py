@@ -109,7 +109,8 @@ class FastKernel:
         ``device_index``; ``opts``, when given, are all of the launch options instead (e.g. ROCm's
         ``waves_per_eu``). ``key`` must determine Triton's specialization of ``args`` and the launch
         options: two calls with equal keys must compile to the same kernel."""
-        # under a torch.compile trace Dynamo must see Triton's own launch (it records a kernel side table)
+        # under a torch.compile trace Dynamo must see Triton's own launch (it records a kernel side table); the
+        # flash op never gets here traced (it graph-breaks first: triton_flash/op.py), a direct decode call may
         direct = self.direct and not torch.compiler.is_compiling()
         ck = self._compiled.get((device_index, key)) if direct else None
         if ck is not None and not _hooks_active(self._hooks):

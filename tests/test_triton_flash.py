@@ -626,3 +626,41 @@ def test_gpu_fast_launch_keys_every_specialization():
             assert [len(fk._compiled) for fk in kernels] == [1, 1, 1, 1]
     assert all(fk.direct for fk in kernels)
     assert len(launch._FWD._compiled) == len(cases) - 2  # every case but the two repeats specialized anew
+
+
+def test_fast_kernel_integer_classes_and_alignment():
+    """The key pieces FastKernel's callers build (:mod:`attntune.kernels.triton_launch`): Triton's classes of
+    integer arguments (1; divisible by 16, zero and negative multiples included; neither) with a 64-bit marker
+    for a value outside int32 at either end, the same answer from the memo, and pointer alignment (None kept)."""
+    from attntune.kernels import triton_launch
+    from attntune.kernels.triton_launch import aligned, int_class, int_classes
+
+    triton_launch._CLASSES.clear()  # the memo may be full after other tests (it stops at _CLASSES_MAX)
+    xs = (1, 0, 16, -32, 7, -3, 4096)
+    assert int_classes(*xs) == (1, 16, 16, 16, 0, 0, 16) == tuple(int_class(x) for x in xs)
+    assert int_classes(*xs) is int_classes(*xs)  # memoised
+    assert int_classes(5, 2**31) == (0, 16, 64) and int_classes(-(2**31) - 1) == (0, 64)
+    t = torch.zeros(64, dtype=torch.float16)
+    assert aligned(t, None, t[1:], t[8:]) == (True, None, False, True)
+
+
+@pytest.mark.gpu
+def test_gpu_flash_attention_under_torch_compile():
+    """``flash_attention`` called inside a torch.compile'd function: Inductor fails to re-compile this
+    kernel when it traces it (Triton 3.6, torch 2.11, H100: a CompilationError in the forward's key loop, with
+    the launch code of before and after FastKernel alike), so the call runs eagerly behind a graph break; its
+    forward and backward match plain eager calls (whose second launch is FastKernel's direct one)."""
+    cfg = FlashFwdConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    q, k, v = (t.requires_grad_() for t in qkv(2, 4, 2, 133, 141, 64, dtype=torch.bfloat16))
+
+    def f(q, k, v):
+        return flash_attention(q, k, v, causal=True, window=(40, 0), config=cfg)
+
+    outs = []
+    for fn in (f, f, torch.compile(f)):  # eager twice: the second launch is the direct one
+        o = fn(q, k, v)
+        o.float().square().sum().backward()
+        outs.append([o.detach()] + [t.grad.clone() for t in (q, k, v)])
+        q.grad = k.grad = v.grad = None
+    for a, b in zip(outs[1], outs[2]):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)

@@ -86,6 +86,13 @@ def flash_attention(
         ``o [B, Hq, Sq, D]`` in q's dtype; with ``return_lse`` also ``lse [B, Hq, Sq]`` float32
         (natural log, not differentiable).
     """
+    if torch.compiler.is_compiling():
+        # Inductor re-compiles a traced user kernel and fails on this one (Triton 3.6, torch 2.11: a
+        # CompilationError in the forward's key loop), so a torch.compile trace runs this call eagerly behind a
+        # graph break; compiled models reach these kernels through attntune.attention's opaque custom ops
+        return _flash_attention_eager(q, k, v, causal=causal, causal_align=causal_align, window=window, scale=scale,
+                                      config=config, bwd_config=bwd_config, return_lse=return_lse, k_scale=k_scale,
+                                      v_scale=v_scale)
     launch.check_inputs(q, k, v, k_scale, v_scale)
     D = q.shape[-1]
     mask = launch.mask_args(q.shape[2], k.shape[2], causal, causal_align, window)
@@ -116,3 +123,6 @@ def flash_attention(
             bwd_config = FlashBwdConfig.from_dict(bwd_config)  # refused here, not first in backward
     o, lse = _FlashAttention.apply(q, k, v, mask, sm_scale, config, bwd_config)
     return (o, lse) if return_lse else o
+
+
+_flash_attention_eager = torch.compiler.disable(flash_attention)
