@@ -47,7 +47,6 @@ def test_flex_supports_reasons():
     assert any("CUDA" in r for r in reasons) and any("kv_lens" in r for r in reasons)
 
 
-
 def test_untuned_window_training_goes_to_ours_first_with_flex_behind(monkeypatch):
     """The heuristic's local-training rule (a GPU faked: every variant usable): window training, whatever its
     head dim or window, plans triton_local with triton_flash as runner-up and Flex after them; a

@@ -900,7 +900,6 @@ def test_from_misses_tunes_this_devices_misses_and_clears_them(tmp_path):
     assert res.exit_code == 0 and "No misses recorded for this device" in res.output
 
 
-
 def test_from_misses_clears_settled_misses_and_keeps_unfinished_and_failed_ones(tmp_path, monkeypatch):
     """A miss whose key ended without any passing variant is settled (a rerun would spend its tuning time for
     the same result) and cleared with a note; keys left unfinished or failed by an error stay for the next run.
@@ -926,6 +925,7 @@ def test_from_misses_clears_settled_misses_and_keeps_unfinished_and_failed_ones(
     assert res.exit_code == 1, res.output  # the error key fails the run, as in any tune
     assert "cleared 2 misses (1 without a passing variant" in " ".join(res.output.split())
     assert sorted(m["key_id"] for m in store.misses()) == sorted(k.key_id for k in keys[2:])
+
 
 def test_tune_one_for_the_online_policy(tmp_path):
     store = CacheStore(tmp_path / "c.db")

@@ -243,14 +243,15 @@ def backward(
     # the constexprs after BLOCK_M/BLOCK_N: BLOCK_D, HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC, ALT_B
     const = (BD, mask.has_left, mask.has_right, BD == D, dot_prec, alt)
     key = (config, q.dtype, do.dtype, const)
+    inputs_aligned = aligned(q, k, v, do, lse, delta)  # the six pointers both kernels read
     ints = (*qkv, *dk.stride(), *dv.stride(), *tail, Hkv, *mask_ints)
-    _DKDV(key + (aligned(q, k, v, do, lse, delta, dk, dv, qb, dob), int_classes(*ints)),
+    _DKDV(key + (inputs_aligned + aligned(dk, dv, qb, dob), int_classes(*ints)),
           (_cdiv(Skv, BN) * B * Hkv, 1, 1),
           (q, k, v, do, lse, delta, dk, dv, qb, dob, *ints, *scales, BM, BN, *const),
           config.BWD_WARPS, config.BWD_STAGES, dev, opts)
     # the dQ kernel mirrors the roles: BWD_BLOCK_N rows resident, BWD_BLOCK_M keys streamed
     ints = (*qkv, *dq.stride(), *tail, Hq, *mask_ints)
-    _DQ(key + (aligned(q, k, v, do, lse, delta, dq, kb), int_classes(*ints)),
+    _DQ(key + (inputs_aligned + aligned(dq, kb), int_classes(*ints)),
         (_cdiv(Sq, BN) * B * Hq, 1, 1),
         (q, k, v, do, lse, delta, dq, kb, *ints, *scales, BN, BM, *const),
         config.BWD_WARPS, config.BWD_STAGES, dev, opts)
