@@ -29,7 +29,6 @@ import torch
 
 from attntune.autotune import claims
 from attntune.cache.retry import is_locked, retry_locked
-from attntune.autotune.precompile import default_workers
 from attntune.autotune.study import MEMORY, default_storage_url, open_storage
 from attntune.autotune.sweep import Event, FatalDeviceError, KeyResult, KeyTuner, SweepOptions
 from attntune.autotune.timing import TimingOptions
@@ -410,7 +409,6 @@ def _worker_entry(payload: Dict[str, Any], worker: int, q) -> None:
         seed=payload["seed"],
         timing=TimingOptions(**payload["timing"]),
         refine=payload.get("refine", 0),
-        compile_workers=payload.get("compile_workers", 0),
     )
 
     def emit(ev: Dict[str, Any]) -> None:
@@ -578,7 +576,6 @@ def run_tuning(
     timing: Optional[TimingOptions] = None,
     on_event: Optional[Event] = None,
     refine: Optional[int] = None,
-    compile_workers: Optional[int] = None,
 ) -> List[KeyResult]:
     """Tune ``problems`` (concrete: dtype and device_type set, e.g. by :func:`suites.materialize`) into
     ``cache`` (a path/URL or an open :class:`CacheStore`; default the user cache).
@@ -588,8 +585,6 @@ def run_tuning(
     wall seconds for the whole run; no trial starts after it, the key in progress is left to a resume.
     ``refine``: extra trials per key for a hill climb from the budget's winner (:mod:`.sweep`, step 5; 0 off;
     default :data:`DEFAULT_REFINE`).
-    ``compile_workers``: threads compiling a batch of Triton configs ahead of their trials (:mod:`.precompile`;
-    0 off; default: the host's cores shared by the worker processes, :func:`precompile.default_workers`).
     ``workers``/``gpus``: worker processes (one per listed GPU; ``workers`` processes otherwise).
     Raises :class:`Interrupted` on Ctrl-C, carrying the results of the finished keys."""
     problems = list(problems)
@@ -619,9 +614,6 @@ def run_tuning(
         assignments = [str(gpu_list[0]) if gpu_list else None] * workers
     else:
         assignments = []
-    if compile_workers is None:
-        compile_workers = default_workers(max(1, len(assignments))) if dev_type == "cuda" else 0
-    opts.compile_workers = compile_workers
     n_keys = len({k.key_id for k in _keys_for_count(problems, gpu_list)})
     emit({"type": "keys", "total": n_keys, "workers": max(1, len(assignments))})
     if assignments:
@@ -641,7 +633,6 @@ def run_tuning(
             "force": force,
             "seed": seed,
             "refine": refine,
-            "compile_workers": compile_workers,
             "timing": opts.timing.__dict__,
             "run_start": run_start.isoformat(),
             "claim_ttl": claim_ttl,

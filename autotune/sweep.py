@@ -35,11 +35,6 @@ variant — is a failed trial with the reason, never a crash of the tuner. Trial
 optuna user attributes (``status``, ``reason``, ``max_error``, ``measured``), so a resumed run counts
 the measured ones against the budget and never repeats them.
 
-Compilation ahead (``SweepOptions.compile_workers``, :mod:`.precompile`): the configs known before their
-trials — the queue of steps 1-3 when the first trial starts, each incumbent's untried neighbourhood in
-steps 4-5 — compile together on a thread pool (a Triton config's compile, 1-3 s on one core, is most of its
-trial), then are timed one by one as before; nothing is timed while anything compiles.
-
 The budget (``--trials``) counts the configs of the tunable variants (Triton kernels); each fixed variant
 (one config: the SDPA backends, eager, flex) is measured once on top of it (:meth:`SearchSpace.fixed_count`).
 
@@ -66,7 +61,6 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
 from attntune.autotune import gate
-from attntune.autotune.precompile import precompile
 from attntune.autotune.confirm import CONFIRM_TOP, CPU_ROUNDS, GPU_ROUNDS, Candidate, busy_share, confirm
 from attntune.cache.retry import retry_locked
 from attntune.autotune.space import SearchSpace, config_id
@@ -106,8 +100,6 @@ class SweepOptions:
     neighbours: int = 2
     #: extra trials for the hill climb after the budget (module doc, step 5); 0 = off
     refine: int = 0
-    #: threads compiling a batch of Triton configs ahead of their trials (:mod:`.precompile`); 0 = off
-    compile_workers: int = 0
 
     def time_up(self) -> bool:
         return self.deadline is not None and time.time() >= self.deadline
@@ -232,8 +224,6 @@ class KeyTuner:
         self._dirty = False
         #: the largest contention of the sweep's CPU measurements (timing.Timer.contention; None: unknown)
         self._contention: Optional[float] = None
-        #: configs (config_id) already handed to :func:`precompile` in this sweep
-        self._precompiled: set = set()
 
     # ---- the study --------------------------------------------------------------------------------
     def run(self) -> KeyResult:
@@ -306,15 +296,14 @@ class KeyTuner:
                 attempts += 1
                 if not queue and not waiting and grid_n is None and n_measured >= budget - local_n:
                     climbing = n_measured >= budget  # the refine phase: siblings too, none left = done
-                    move = self._local_move(study, space, tried, rng, siblings=climbing, inputs=inputs)
+                    move = self._local_move(study, space, tried, rng, siblings=climbing)
                     if move is not None:
                         queue.append(move)
                     elif climbing:
                         break  # a local optimum: every neighbour of the incumbent is measured
-                popped = None
                 if queue and not waiting:
-                    popped = queue.popleft()
-                    retry_locked(study.enqueue_trial, space.to_params(*popped))
+                    name, cfg = queue.popleft()
+                    retry_locked(study.enqueue_trial, space.to_params(name, cfg))
                 if inputs is None:
                     try:
                         inputs = gate.prepare(self.problem, self.device, seed)
@@ -322,8 +311,6 @@ class KeyTuner:
                         _free_device_memory(self.device)
                         inputs_error = gate.classify_exception(e)
                         break
-                    # the configs known ahead (warm start, defaults, a small grid) compile together
-                    self._precompile(space, ([popped] if popped else []) + list(queue), inputs, tried)
                 outcome, name, cfg = self._trial(study, space, inputs, tried)
                 if outcome.measured:
                     n_measured += 1
@@ -372,12 +359,11 @@ class KeyTuner:
         return self._conclude(study, space, inputs, spent, t0, unfinished)
 
     def _local_move(self, study: optuna.Study, space: SearchSpace, tried: set,
-                    rng: random.Random, siblings: bool = False, inputs=None) -> Optional[Tuple[str, dict]]:
+                    rng: random.Random, siblings: bool = False) -> Optional[Tuple[str, dict]]:
         """An untried one-step move (:meth:`SearchSpace.moves`) of the fastest measured config of a
         tunable variant, chosen at random (seeded) — with ``siblings``, its config on a sibling variant
         first (:meth:`SearchSpace.siblings`); None when it has no untried valid move (TPE then
-        proposes the trial, or the refine phase ends). The incumbent's whole untried neighbourhood (sibling
-        configs and moves) is compiled together first (:meth:`_precompile`; once per config)."""
+        proposes the trial, or the refine phase ends)."""
         best = None
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if t.value is None or not t.params or (best is not None and t.value >= best.value):
@@ -388,32 +374,12 @@ class KeyTuner:
         if best is None:
             return None
         name, cfg = space.from_params(best.params)
-        sibs = [sib for sib in space.siblings(name, cfg) if config_id(*sib) not in tried] if siblings else []
+        if siblings:
+            for sib in space.siblings(name, cfg):
+                if config_id(*sib) not in tried:
+                    return sib
         moves = [m for m in space.moves(name, cfg) if config_id(name, m) not in tried]
-        self._precompile(space, sibs + [(name, m) for m in moves], inputs, tried)
-        if sibs:
-            return sibs[0]
         return (name, rng.choice(moves)) if moves else None
-
-    def _precompile(self, space: SearchSpace, pairs: List[Tuple[str, dict]], inputs, tried: set) -> None:
-        """Compile the untried configs of ``pairs`` ((variant name, config)) together, ahead of their trials
-        (:mod:`.precompile`), each at most once a sweep; nothing without ``compile_workers`` or inputs."""
-        if self.opt.compile_workers < 1 or inputs is None:
-            return
-        todo = []
-        for name, cfg in pairs:
-            cid = config_id(name, cfg)
-            cand = space.get(name)
-            if cid in tried or cid in self._precompiled or cand is None or space.validate(name, cfg):
-                continue
-            self._precompiled.add(cid)
-            todo.append((cand.variant, cfg))
-        if len(todo) < 2:  # one config compiles in its own trial at the same cost
-            return
-        self.emit({"type": "compiling", "key_id": self.key.key_id, "key": self.key.short(), "configs": len(todo)})
-        stats = precompile(todo, inputs, self.problem.mode == "fwd_bwd", self.opt.compile_workers)
-        if stats is not None:
-            self.emit({"type": "compiled", "key_id": self.key.key_id, "key": self.key.short(), **stats})
 
     def _record_unmeasurable(
         self, study: optuna.Study, name: str, why: str, trials: List[FrozenTrial]

@@ -15,8 +15,7 @@ search gets an equal share of the time left (``--time-limit``) after the budgete
 budgeted winner and defaults first, then every variant's sample round-robin in random order, so a search
 that runs out of its share has measured an unbiased part of each variant's sample
 (``reference_unmeasured`` says how many were left; its regret is again a lower bound). Each row says how
-many configs of how large a grid were measured. Like the tuner's, the reference search compiles its configs
-a batch at a time ahead of measuring them (``attntune.autotune.precompile``; never while timing).
+many configs of how large a grid were measured.
 
 **Fidelity** (``--fidelity CACHE``): every valid winner row of ``CACHE`` for this device is re-timed in
 this process (a fresh one, unlike the tuner's) on the key's representative problem with the tuner's
@@ -57,7 +56,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env import environment  # noqa: E402
 
 from attntune.autotune import gate  # noqa: E402
-from attntune.autotune.precompile import default_workers, precompile  # noqa: E402
 from attntune.autotune.runner import DEFAULT_REFINE, tune  # noqa: E402
 from attntune.autotune.space import SearchSpace, config_id  # noqa: E402
 from attntune.autotune.sweep import BASELINE, baseline_config, key_seed  # noqa: E402
@@ -194,14 +192,10 @@ def _reference_search(problem, device, configs, prune: float, deadline: float) -
     inp = gate.prepare(problem, device, seed=7)
     timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
     best_ms, best, n_full, n_pruned, n_failed = math.inf, None, 0, 0, 0
-    workers = default_workers()
     for i, (name, cfg) in enumerate(configs):
         if time.time() > deadline:
             return {"best": best, "best_ms": best_ms, "full": n_full, "pruned": n_pruned, "failed": n_failed,
                     "cut_short": len(configs) - i}
-        if i % workers == 0 and workers > 1:  # the next batch of configs compiles together, as the tuner's
-            precompile([(registry.get(n), c) for n, c in configs[i:i + workers]], inp,
-                       problem.mode == "fwd_bwd", workers)
         try:
             variant = registry.get(name)
             if not gate.check(variant, cfg, inp).ok:

@@ -128,12 +128,6 @@ class Variant(abc.ABC):
     #: after ``kv_lens``. Empty (the default): K/V only in q's dtype — :func:`registry.reasons` keeps the
     #: variant from FP8 problems, so a variant never receives codes it would read as numbers.
     kv_dtypes: ClassVar[Tuple[str, ...]] = ()
-    #: True when every Triton kernel a call launches goes through
-    #: :class:`attntune.kernels.triton_launch.FastKernel`: a call made inside
-    #: :func:`~attntune.kernels.triton_launch.precompiling` then compiles its kernels in the background and
-    #: runs none (torch ops in the call still run), which the tuner uses to compile a batch of configs in
-    #: parallel before timing them (``autotune/precompile.py``). Default False: such a call would run.
-    precompiles: ClassVar[bool] = False
     #: With FP8 K/V, this variant also quantises q and the probabilities to the codes' format for FP8
     #: tensor-core dots (the flash forward): its output is within :data:`attntune.tolerances.FP8_FWD` of
     #: attention over the dequantised K/V rather than within q's dtype's tolerance — the gate holds it to

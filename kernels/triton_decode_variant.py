@@ -49,7 +49,6 @@ class TritonDecodeVariant(Variant):
                    "sliding window; forward only, Sq <= 16")
     # space() reads head dims, the GQA group, Sq (exact in its bucket up to 16) and dtype only
     space_depends_on_lengths = False
-    precompiles = True  # every Triton launch goes through FastKernel (kernels/triton_launch.py)
     # FP8 K/V caches: codes widened in registers, K's scale folded into the softmax scale, V's applied to
     # the output (kernels/triton_decode/jit.py)
     kv_dtypes = tuple(KV_DTYPES)
@@ -58,9 +57,7 @@ class TritonDecodeVariant(Variant):
     # torch.compile trace); this op's kernels, plans and launch arguments are unchanged
     equivalent_sources = {"169de08f70474440": "FastKernel shared with the flash op (launches unchanged)",
                           # int_classes memoised (host side): the H200 FP8 rows re-tuned on 2026-12-06
-                          "6e0977a148787891": "int_classes memoised (launches unchanged)",
-                          # FastKernel's compile-only mode for the tuner, and the `precompiles` flag
-                          "a832f74b1b13a9e2": "FastKernel compile-only mode added (launches unchanged)"}
+                          "6e0977a148787891": "int_classes memoised (launches unchanged)"}
     source_modules = (
         "attntune.kernels.launch_config",
         "attntune.kernels.triton_common",

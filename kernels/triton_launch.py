@@ -16,19 +16,12 @@ plan). The first launch of a key goes through Triton's own path, which compiles 
 raw stream. A Triton without that interface (older or newer internals), the interpreter, an active
 launch hook (a profiler), or a trace by ``torch.compile`` keep Triton's own path — always correct, only
 slower. Users: the decode op (two kernels) and the flash op (forward and three backward kernels).
-
-:func:`precompiling` turns every FastKernel launch inside it into a *warm-up*: Triton compiles the
-specialization the launch would need on a thread pool (its ``AsyncCompileMode``) and nothing runs. The tuner
-uses it to compile a batch of configs in parallel before timing them one by one (``autotune/precompile.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -99,46 +92,6 @@ def _hooks_active(holder) -> bool:
     return False
 
 
-#: True inside :func:`precompiling`: launches compile (in the background) instead of running
-_PRECOMPILING: contextvars.ContextVar[bool] = contextvars.ContextVar("attntune_precompiling", default=False)
-
-
-def _async_compile_mode():
-    """Triton's ``AsyncCompileMode`` (a private module since Triton 3.4: absent in older and maybe in newer
-    releases), or None."""
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:
-        return None
-    return AsyncCompileMode
-
-
-@contextlib.contextmanager
-def precompiling(workers: int) -> Iterator[bool]:
-    """Inside: every :class:`FastKernel` launch is a ``warmup`` whose compile Triton submits to a pool of
-    ``workers`` threads (the GIL is released while LLVM and ptxas run: two threads compiled two flash
-    configs in 0.51x the serial time on a 2-core CPU), and no kernel runs — outputs stay unwritten. On exit
-    every compile has finished and sits in the kernels' caches, so the next real launch of those
-    specializations only loads them. Yields False (and changes nothing) where Triton has no async compile
-    mode, under the interpreter, or with ``workers < 1``. A compile that fails is dropped (newer Triton) or
-    re-raised at its first launch (older): the caller meets the same error when it runs the config."""
-    mode = _async_compile_mode()
-    if mode is None or workers < 1 or os.environ.get("TRITON_INTERPRET") == "1":
-        yield False
-        return
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attntune-compile") as pool:
-        try:
-            async_mode = mode(pool, ignore_errors=True)
-        except TypeError:  # Triton 3.4/3.5: no ignore_errors
-            async_mode = mode(pool)
-        token = _PRECOMPILING.set(True)
-        try:
-            with async_mode:
-                yield True
-        finally:
-            _PRECOMPILING.reset(token)
-
-
 class FastKernel:
     """A ``@triton.jit`` function launched through its cached ``CompiledKernel`` (module docstring)."""
 
@@ -156,9 +109,6 @@ class FastKernel:
         ``device_index``; ``opts``, when given, are all of the launch options instead (e.g. ROCm's
         ``waves_per_eu``). ``key`` must determine Triton's specialization of ``args`` and the launch
         options: two calls with equal keys must compile to the same kernel."""
-        if _PRECOMPILING.get():  # compile only (precompiling): nothing runs, nothing is kept here
-            self.fn.warmup(*args, grid=grid, **self._opts(num_warps, num_stages, opts))
-            return
         # under a torch.compile trace Dynamo must see Triton's own launch (it records a kernel side table); the
         # flash op never gets here traced (it graph-breaks first: triton_flash/op.py), a direct decode call may
         direct = self.direct and not torch.compiler.is_compiling()
@@ -167,15 +117,12 @@ class FastKernel:
             ck.run(grid[0], grid[1], grid[2], self._raw_stream(device_index), ck.function, ck.packed_metadata,
                    None, None, None, *args)
             return
-        kernel = self.fn[grid](*args, **self._opts(num_warps, num_stages, opts))
+        if opts is None:
+            opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps,
+                                                                        "num_stages": num_stages}
+        kernel = self.fn[grid](*args, **opts)
         if direct and ck is None and self._usable(kernel):
             self._compiled[(device_index, key)] = kernel
-
-    @staticmethod
-    def _opts(num_warps: int, num_stages: Optional[int], opts: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-        if opts is not None:
-            return opts
-        return {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
 
     def _usable(self, kernel) -> bool:
         ok = (self._raw_stream is not None and all(hasattr(kernel, a) for a in ("run", "function",
@@ -188,4 +135,4 @@ class FastKernel:
         self._compiled.clear()
 
 
-__all__ = ["FastKernel", "aligned", "int_class", "int_classes", "precompiling", "ptr_class"]
+__all__ = ["FastKernel", "aligned", "int_class", "int_classes", "ptr_class"]

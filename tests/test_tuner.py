@@ -551,59 +551,6 @@ def test_refine_climbs_to_a_local_optimum_over_moves_and_siblings(tmp_path, monk
     assert cost_s[config_id(rec.variant, rec.config)] <= cost_s[config_id(rec0.variant, rec0.config)]
 
 
-def test_configs_known_ahead_compile_in_batches_before_their_trials(tmp_path, monkeypatch, register):
-    """``compile_workers``: the sweep hands the configs it knows ahead (the first queue, then each incumbent's
-    untried neighbourhood) to ``precompile`` in batches, each config once and before any of its trials; which
-    configs are measured and the winner do not change."""
-    from attntune.autotune import sweep
-
-    register(Tunable(), TunableSibling())
-    monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_tunable,t_tunable_sibling")
-    _virtual_costs(monkeypatch, ("t_tunable", "t_tunable_sibling"), 2)
-    ran: Counter = Counter()  # calls of each (variant, config), gate and timing
-    costed_run = Tunable.run
-
-    def counting_run(self, q, k, v, problem, config, kv_lens=None):
-        ran[config_id(self.name, dict(config))] += 1
-        return costed_run(self, q, k, v, problem, config, kv_lens)
-
-    monkeypatch.setattr(Tunable, "run", counting_run)
-    space = SearchSpace(prob())
-    runs = {}
-    for workers in (0, 4):
-        batches = []
-
-        def fake_precompile(pairs, inputs, grads, n_workers, _b=batches):
-            assert n_workers == 4 and grads is False and inputs.problem == space.problem
-            for v, c in pairs:  # valid, and not run yet: compiled ahead of its first trial
-                assert space.validate(v.name, c) == [] and ran[config_id(v.name, c)] == 0, (v.name, c)
-            _b.append([config_id(v.name, c) for v, c in pairs])
-            return {"configs": len(pairs), "seconds": 0.0}
-
-        monkeypatch.setattr(sweep, "precompile", fake_precompile)
-        ran.clear()
-        events = []
-        (tmp_path / str(workers)).mkdir()
-        store = CacheStore(tmp_path / str(workers) / "c.db")
-        run_tuning([prob()], cache=store, trials=6, timing=QUICK, refine=30, compile_workers=workers,
-                   on_event=events.append)
-        [raw] = store.raw_winners()
-        rec = judge(raw, "user").record
-        study = optuna.load_study(study_name=rec.key_id, storage=default_storage_url(store.url))
-        done = [config_id(*space.from_params(t.params))
-                for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured")]
-        runs[workers] = (config_id(rec.variant, rec.config), sorted(done), batches, events)
-    winner0, done0, batches0, _ = runs[0]
-    winner4, done4, batches4, events4 = runs[4]
-    assert batches0 == [] and winner4 == winner0 and done4 == done0
-    flat = [c for b in batches4 for c in b]
-    assert len(batches4) >= 2 and all(len(b) >= 2 for b in batches4)
-    assert len(flat) == len(set(flat))  # each config compiled once a sweep
-    assert batches4[0][0] == config_id("t_tunable", {"a": 2, "b": 2, "c": 0})  # the first queue: defaults
-    assert len(set(flat) & set(done4)) >= len(done4) // 2  # most measured configs were compiled ahead
-    assert [e["configs"] for e in events4 if e["type"] == "compiling"] == [len(b) for b in batches4]
-
-
 def space_cfg(trial) -> dict:
     """A measured trial's config, as the tuner recorded it."""
     return json.loads(trial.user_attrs["config"])

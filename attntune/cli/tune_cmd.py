@@ -109,8 +109,6 @@ class _ProgressView:
             if ev.get("best_variant"):
                 best = f"best {ev['best_variant']} {fmt_ms(ev['best_ms'])}"
             self.progress.update(self.task, best=f"trial {ev['n']}/{ev['budget']}  {best}")
-        elif kind == "compiling":
-            self.progress.update(self.task, best=f"compiling {ev['configs']} configs")
         elif kind == "key_waiting":  # another live tuner holds the key: say whom we wait for, and how long
             self.progress.console.print(f"waiting for {ev['key']}: claimed by {ev['owner']} (a live process) "
                                         f"until {ev['until']} UTC; other keys go on meanwhile")
@@ -195,11 +193,6 @@ def tune(
         None, "--gpus", help="GPU indices, one worker process each (default: all visible GPUs)."
     ),
     workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (on one GPU, or the CPU)."),
-    compile_workers: Optional[int] = typer.Option(
-        None, "--compile-workers", min=0,
-        help="Threads compiling Triton configs ahead of their trials, a batch at a time (GPU only; default: "
-        "the host's cores shared by the worker processes, at most 16; 0 = compile each in its trial).",
-    ),
     from_misses: bool = typer.Option(
         False,
         "--from-misses",
@@ -303,7 +296,6 @@ def tune(
                 timing=TimingOptions.quick() if quick else None,
                 on_event=view,
                 refine=refine,
-                compile_workers=compile_workers,
             )
     except Interrupted as e:
         results, interrupted = e.results, True

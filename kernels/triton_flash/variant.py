@@ -54,7 +54,6 @@ class FlashVariantBase(Variant):
     family = "triton"
     local = False
     space_depends_on_lengths = False  # flash_space reads dtype, head dim, device and mode only
-    precompiles = True  # every Triton launch goes through FastKernel (kernels/triton_launch.py)
     # FP8 K/V (the forward only): both dots on FP8 tensor cores, q and P quantised in the kernel
     kv_dtypes = tuple(KV_DTYPES)
     fp8_dots = True
@@ -75,10 +74,6 @@ class FlashVariantBase(Variant):
     # the rows the H200 re-tuned on 2026-12-06 were timed with the same kernels and arguments
     equivalent_sources.update({h: "launch host path trimmed (same kernels and arguments)"
                                for h in ("e79dd8b43c056ecd", "52bc71fd4da7c522")})
-    # and before FastKernel's compile-only mode for the tuner (triton_launch.precompiling) and this class's
-    # `precompiles` flag: outside that mode every launch takes the same path with the same arguments
-    equivalent_sources.update({h: "FastKernel compile-only mode added (launches unchanged)"
-                               for h in ("f524eec7a31e0deb", "34daebb9c42beb0e")})
 
     def supports(self, problem: AttentionProblem) -> list[str]:
         return flash_reasons(problem)
