@@ -3,8 +3,8 @@
 # main (no hashed source changed since the last re-tune). One part per call (PART), adaptive to the card:
 #   PART=regret   H200: benchmarks/regret.py over the 16-key set (all families) plus the fidelity of every
 #                 valid row of the shipped cache.db, one run (--time-limit RUN_S); any other card: skipped.
-#   PART=generate H200: the full bench_generate.py table (both protocols, serving loop, new length) with
-#                 REPEATS timed generates per case; any other card: skipped.
+#   PART=generate H200 (any card with ANY_CARD=1): the full bench_generate.py table (both protocols, serving
+#                 loop, new length) with REPEATS timed generates per case (the JSON is saved after each part).
 #   PART=train    any card: the flash GPU tests of the FastKernel launch keys (commit a040513's shared pointer
 #                 alignments were never run on a GPU), then bench_hf_train.py (eager and compiled, Mistral-style
 #                 sliding window and Llama-style, S4096: #14's HF training step).
@@ -26,9 +26,10 @@ case ${PART:-train} in
       echo "regret rc=$? ($(( $(date +%s) - T0 )) s)"; tail -25 "$OUT/regret.log" | cut -c1-300
     else echo "not an H200: regret skipped"; fi ;;
   generate)
-    if [ $H200 = 1 ]; then
+    if [ $H200 = 1 ] || [ "${ANY_CARD:-0}" = 1 ]; then
+      CARD=$([ $H200 = 1 ] && echo h200 || echo h100)
       ATTNTUNE_CACHE="$OUT/gen.db" timeout ${RUN_S:-540} python3 benchmarks/bench_generate.py --protocol both \
-          --repeats ${REPEATS:-2} --out "$OUT/generate_h200.json" > "$OUT/generate.log" 2>&1
+          --repeats ${REPEATS:-2} --out "$OUT/generate_$CARD.json" > "$OUT/generate.log" 2>&1
       echo "generate rc=$? ($(( $(date +%s) - T0 )) s)"; tail -30 "$OUT/generate.log" | cut -c1-300
     else echo "not an H200: generate skipped"; fi ;;
   train)
