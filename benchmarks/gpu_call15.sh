@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device calls of the 2026-12-06 late session: the H200 figures that #11 and #13 still lack, on the code of
 # main (no hashed source changed since the last re-tune). One part per call (PART), adaptive to the card:
-#   PART=regret   H200: benchmarks/regret.py over the 16-key set (all families) plus the fidelity of every
-#                 valid row of the shipped cache.db, one run (--time-limit RUN_S); any other card: skipped.
+#   PART=regret   H200: benchmarks/regret.py over the 16-key set (KEYS; all families) plus the fidelity of every
+#                 valid row of the shipped cache.db (FIDELITY=0: none; KEYS= : fidelity only), one run
+#                 (--time-limit RUN_S); any other card: skipped.
 #   PART=generate H200 (any card with ANY_CARD=1): the full bench_generate.py table (both protocols, serving
 #                 loop, new length) with REPEATS timed generates per case (the JSON is saved after each part).
 #   PART=train    any card: the flash GPU tests of the FastKernel launch keys (commit a040513's shared pointer
@@ -20,9 +21,9 @@ PY
 case ${PART:-train} in
   regret)
     if [ $H200 = 1 ]; then
-      timeout $(( ${RUN_S:-480} + 60 )) python3 benchmarks/regret.py --keys families16 --fidelity cache.db \
-          --time-limit ${RUN_S:-480} --fidelity-share ${FID_SHARE:-0.3} --out "$OUT/regret_h200.json" \
-          > "$OUT/regret.log" 2>&1
+      FID="--fidelity cache.db --fidelity-share ${FID_SHARE:-0.3}"; [ "${FIDELITY:-1}" = 0 ] && FID=""
+      timeout $(( ${RUN_S:-480} + 60 )) python3 benchmarks/regret.py --keys ${KEYS-families16} $FID \
+          --time-limit ${RUN_S:-480} --out "$OUT/regret_h200.json" > "$OUT/regret.log" 2>&1
       echo "regret rc=$? ($(( $(date +%s) - T0 )) s)"; tail -25 "$OUT/regret.log" | cut -c1-300
     else echo "not an H200: regret skipped"; fi ;;
   generate)
