@@ -22,7 +22,7 @@ case ${PART:-train} in
   regret)
     if [ $H200 = 1 ]; then
       FID="--fidelity cache.db --fidelity-share ${FID_SHARE:-0.3}"; [ "${FIDELITY:-1}" = 0 ] && FID=""
-      timeout $(( ${RUN_S:-480} + 60 )) python3 benchmarks/regret.py --keys ${KEYS-families16} $FID \
+      timeout $(( ${RUN_S:-480} + 60 )) python3 benchmarks/regret.py --keys "${KEYS-families16}" $FID \
           --time-limit ${RUN_S:-480} --out "$OUT/regret_h200.json" > "$OUT/regret.log" 2>&1
       echo "regret rc=$? ($(( $(date +%s) - T0 )) s)"; tail -25 "$OUT/regret.log" | cut -c1-300
     else echo "not an H200: regret skipped"; fi ;;
