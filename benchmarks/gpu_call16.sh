@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-06 evening session (#13), one part per call (PART), adaptive to the card:
+#   PART=cache    H200: re-tune the shipped cache's stale H200 rows (the fp8 suite's two FP8-KV prefill keys;
+#                 no --force: valid rows are kept) into $OUT/cache.db, then the fidelity of every valid H200 row of
+#                 that cache in a fresh process (regret.py with no keys, FID_S seconds). Other cards: skipped.
+#   PART=regret   H200: regret.py over the 16-key set without fidelity (RUN_S) — see gpu_call15.sh.
+#   PART=tunetime any card: bench_tune_time.py (the same keys tuned with cold then warm Triton/inductor caches,
+#                 per-trial durations from the optuna storage, a cProfiled warm run).
+# JSON and logs under $OUT.
+set -u
+T0=$(date +%s)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
+H200=0; echo "$GPU" | grep -q H200 && H200=1
+case ${PART:-tunetime} in
+  cache)
+    if [ $H200 = 1 ]; then
+      SUITES=fp8 SKIP_TESTS=1 BUDGET_S=${TUNE_S:-300} bash benchmarks/gpu_call3.sh
+      timeout $(( ${FID_S:-180} + 40 )) python3 benchmarks/regret.py --keys "" --fidelity "$OUT/cache.db" \
+          --fidelity-share 1.0 --time-limit ${FID_S:-180} --out "$OUT/fidelity_h200.json" > "$OUT/fidelity.log" 2>&1
+      echo "fidelity rc=$? ($(( $(date +%s) - T0 )) s)"; tail -4 "$OUT/fidelity.log" | cut -c1-400
+    else echo "not an H200: cache skipped"; fi ;;
+  regret) PART=regret FIDELITY=0 bash benchmarks/gpu_call15.sh ;;
+  tunetime)
+    timeout ${RUN_S:-560} python3 benchmarks/bench_tune_time.py --profile --trials ${TRIALS:-8} \
+        --out "$OUT/tune_time.json" > "$OUT/tune_time.log" 2>&1
+    echo "tune_time rc=$? ($(( $(date +%s) - T0 )) s)"; tail -5 "$OUT/tune_time.log" | cut -c1-600 ;;
+esac
+echo "total $(( $(date +%s) - T0 )) s"
