@@ -117,11 +117,11 @@ def summarize(runs: list) -> dict:
     if cold and warm:
         out["compile_share"] = round(1 - warm["wall_s"] / cold["wall_s"], 3) if cold["wall_s"] else None
         for tag in ("cold", "warm"):
-            st = by[tag].get("studies") or {}
-            n = sum(s["trials"] for s in st.values())
+            st = (by[tag].get("studies") or {}).values()
+            n, inside = sum(s["trials"] for s in st), sum(s["in_trials_s"] for s in st)
             out[f"{tag}_trials"] = n
-            out[f"{tag}_s_per_trial"] = round(sum(s["in_trials_s"] for s in st.values()) / n, 3) if n else None
-            out[f"{tag}_outside_trials_s"] = round(by[tag]["wall_s"] - sum(s["in_trials_s"] for s in st.values()), 2)
+            out[f"{tag}_s_per_trial"] = round(inside / n, 3) if n else None
+            out[f"{tag}_outside_trials_s"] = round(by[tag]["wall_s"] - inside, 2)
     return out
 
 

@@ -3,7 +3,7 @@
 # main (no hashed source changed since the last re-tune). One part per call (PART), adaptive to the card:
 #   PART=regret   H200: benchmarks/regret.py over the 16-key set (KEYS; all families) plus the fidelity of every
 #                 valid row of the shipped cache.db (FIDELITY=0: none; KEYS= : fidelity only), one run
-#                 (--time-limit RUN_S); any other card: skipped.
+#                 (--time-limit RUN_S); any other card with ANY_CARD=1 (file named by card), else skipped.
 #   PART=generate H200 (any card with ANY_CARD=1): the full bench_generate.py table (both protocols, serving
 #                 loop, new length) with REPEATS timed generates per case (the JSON is saved after each part).
 #   PART=train    any card: the flash GPU tests of the FastKernel launch keys (commit a040513's shared pointer
@@ -20,10 +20,11 @@ from env import environment; print(json.dumps(environment(), indent=1))
 PY
 case ${PART:-train} in
   regret)
-    if [ $H200 = 1 ]; then
+    if [ $H200 = 1 ] || [ "${ANY_CARD:-0}" = 1 ]; then
+      CARD=$([ $H200 = 1 ] && echo h200 || echo h100)
       FID="--fidelity cache.db --fidelity-share ${FID_SHARE:-0.3}"; [ "${FIDELITY:-1}" = 0 ] && FID=""
       timeout $(( ${RUN_S:-480} + 60 )) python3 benchmarks/regret.py --keys "${KEYS-families16}" $FID \
-          --time-limit ${RUN_S:-480} --out "$OUT/regret_h200.json" > "$OUT/regret.log" 2>&1
+          --time-limit ${RUN_S:-480} --out "$OUT/regret_$CARD.json" > "$OUT/regret.log" 2>&1
       echo "regret rc=$? ($(( $(date +%s) - T0 )) s)"; tail -25 "$OUT/regret.log" | cut -c1-300
     else echo "not an H200: regret skipped"; fi ;;
   generate)

@@ -3,7 +3,7 @@
 #   PART=cache    H200: re-tune the shipped cache's stale H200 rows (the fp8 suite's two FP8-KV prefill keys;
 #                 no --force: valid rows are kept) into $OUT/cache.db, then the fidelity of every valid H200 row of
 #                 that cache in a fresh process (regret.py with no keys, FID_S seconds). Other cards: skipped.
-#   PART=regret   any card: regret.py over the 16-key set without fidelity (RUN_S), $OUT/regret_<card>.json.
+#   PART=regret   any card: gpu_call15.sh's regret part without fidelity (RUN_S), $OUT/regret_<card>.json.
 #   PART=tunetime any card: bench_tune_time.py (the same keys tuned with cold then warm Triton/inductor caches,
 #                 per-trial durations from the optuna storage, a cProfiled warm run).
 # JSON and logs under $OUT.
@@ -19,11 +19,7 @@ case ${PART:-tunetime} in
           --fidelity-share 1.0 --time-limit ${FID_S:-180} --out "$OUT/fidelity_h200.json" > "$OUT/fidelity.log" 2>&1
       echo "fidelity rc=$? ($(( $(date +%s) - T0 )) s)"; tail -4 "$OUT/fidelity.log" | cut -c1-400
     else echo "not an H200: cache skipped"; fi ;;
-  regret)
-    CARD=$([ $H200 = 1 ] && echo h200 || echo h100)
-    timeout $(( ${RUN_S:-480} + 60 )) python3 benchmarks/regret.py --keys families16 --time-limit ${RUN_S:-480} \
-        --out "$OUT/regret_$CARD.json" > "$OUT/regret.log" 2>&1
-    echo "regret rc=$? ($(( $(date +%s) - T0 )) s)"; tail -22 "$OUT/regret.log" | cut -c1-300 ;;
+  regret) PART=regret FIDELITY=0 ANY_CARD=1 bash benchmarks/gpu_call15.sh ;;
   tunetime)
     timeout ${RUN_S:-560} python3 benchmarks/bench_tune_time.py --profile --trials ${TRIALS:-8} \
         --out "$OUT/tune_time.json" > "$OUT/tune_time.log" 2>&1
