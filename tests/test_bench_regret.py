@@ -31,7 +31,8 @@ def test_regret_smoke(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = tmp_path / "regret.json"
     cmd = [sys.executable, str(SCRIPT), "--keys", "cpu2", "--trials", "3", "--max-configs", "2",
-           "--fidelity", str(cache), "--time-limit", "200", "--out", str(out)]
+           "--fidelity", str(cache), "--time-limit", "200", "--out", str(out),
+           "--compile-workers", "1"]  # the compile-ahead path (nothing on a CPU key compiles: no task is sent)
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -44,6 +45,7 @@ def test_regret_smoke(tmp_path):
         # every candidate's grid size and how much of it the reference measured
         assert r["reference"] and all(v["listed"] >= 1 and v["grid"] >= 1 for v in r["reference"].values())
         assert r["reference_full"] >= 1 and r["reference_unmeasured"] == 0
+        assert r["precompile"]["complete"] and r["precompile"]["tasks"] == 0, r["precompile"]
     (f,) = doc["fidelity"]  # the one key tuned above
     assert f["variant"] and _finite(f["stored_ms"]) and _finite(f["now_ms"]) and _finite(f["error_frac"])
     if f.get("companion"):  # re-timed beside the baseline it was compared with, or its runner-up

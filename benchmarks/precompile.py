@@ -1,0 +1,159 @@
+"""Compile a known list of (problem, variant, config) candidates ahead, in parallel worker processes, so that
+the process that times them finds every kernel in the on-disk compile caches.
+
+Why: a cold ``attntune tune`` spends ~55 % of its time compiling (``bench_tune_time.py``: 0.75 s a trial
+cold against 0.25 s warm; a new forward+backward config 1.2-4.7 s), and ``regret.py``'s reference search
+compiled its configs one by one in the timing process, so within one GPU call it measured only 2-11 of a
+key's ~55 listed configs and left the rest unmeasured (H100, 2026-12-06: 15 of 16 keys cut short). The
+reference grid is known before it is measured (unlike the tuner's next trial, which depends on the last
+measurement — why compile-ahead batches did not pay inside the tuner), so it can be compiled in parallel.
+
+How: each worker (spawned, so it has its own CUDA context) runs the candidate once through the gate
+(:func:`attntune.autotune.gate.check`) and once through the timed call (:func:`make_call`), on inputs of
+the same shapes, dtypes and alignments as the timing process's: Triton writes the compiled kernels to its
+cache directory (``TRITON_CACHE_DIR``, default ``~/.triton/cache``) and inductor (FlexAttention) to its FX
+graph and kernel caches, both shared by every process of the user. Only variants of families that compile
+(:data:`COMPILED_FAMILIES`) are sent. The timing process does not read anything the workers return except
+counts: a failed or missing precompile only costs it the compile it would have done anyway.
+
+Interference: the workers run kernels on the GPU, so :meth:`Precompiler.compile` returns only when every
+task is done; when its deadline passes first it terminates the pool (no worker is left running while the
+caller times) and a later call starts a new one.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+#: variant families whose first call compiles (Triton kernels; FlexAttention through inductor)
+COMPILED_FAMILIES = ("triton", "flex")
+
+Task = Tuple[object, str, dict]  # (AttentionProblem, variant name, config)
+
+_worker_device = None
+_worker_inputs: Optional[tuple] = None  # (problem, GateInputs) of the last task's problem
+
+
+def default_workers() -> int:
+    """Worker processes on this host: the cores less two (the timing process and the OS), at most 12
+    (each holds a CUDA context and one key's inputs: ~0.5-3 GB of GPU memory)."""
+    return max(1, min(12, (os.cpu_count() or 2) - 2))
+
+
+def compiled_tasks(problem, configs: Sequence[Tuple[str, dict]]) -> List[Task]:
+    """The tasks of ``configs`` (``(variant name, config)`` pairs of ``problem``) whose variant compiles."""
+    from attntune.kernels import registry
+
+    return [(problem, name, cfg) for name, cfg in configs
+            if registry.exists(name) and registry.get(name).family in COMPILED_FAMILIES]
+
+
+def _init(device: str) -> None:
+    import torch
+
+    global _worker_device
+    _worker_device = torch.device(device)
+    if _worker_device.type == "cuda":
+        torch.cuda.set_device(_worker_device)
+
+
+def _inputs(problem):
+    """The gate's inputs for ``problem`` in this worker, kept while its tasks share the problem."""
+    global _worker_inputs
+    import torch
+
+    from attntune.autotune import gate
+
+    if _worker_inputs is None or _worker_inputs[0] != problem:
+        _worker_inputs = None
+        if _worker_device.type == "cuda":
+            torch.cuda.empty_cache()
+        _worker_inputs = (problem, gate.prepare(problem, _worker_device, seed=7))
+    return _worker_inputs[1]
+
+
+def _task(task: Task) -> Tuple[str, bool, float, Optional[str]]:
+    """Run one candidate once through the gate and once through its timed call; ``(variant, ok, seconds,
+    error)``."""
+    import torch
+
+    from attntune.autotune import gate
+    from attntune.autotune.timing import make_call
+    from attntune.kernels import registry
+
+    problem, name, cfg = task
+    t0 = time.perf_counter()
+    try:
+        inp = _inputs(problem)
+        variant = registry.get(name)
+        with gate.key_numerics(problem):
+            ok = gate.check(variant, cfg, inp).ok
+            if ok:
+                fn, _ = make_call(variant, cfg, inp, grads=problem.mode == "fwd_bwd")
+                fn()
+        if _worker_device.type == "cuda":
+            torch.cuda.synchronize(_worker_device)
+        return name, ok, time.perf_counter() - t0, None
+    except Exception as e:  # noqa: BLE001 — the timing process compiles (and judges) it again
+        return name, False, time.perf_counter() - t0, f"{type(e).__name__}: {e}"[:300]
+
+
+class Precompiler:
+    """A pool of ``workers`` spawned processes on ``device`` that compile candidates ahead
+    (:meth:`compile`). Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, device, workers: int):
+        if workers < 1:
+            raise ValueError(f"workers: {workers} (at least 1)")
+        self.device, self.workers = str(device), workers
+        self._pool = None
+
+    def _start(self):
+        if self._pool is None:
+            ctx = mp.get_context("spawn")  # a forked CUDA context is unusable; spawn starts clean
+            self._pool = ctx.Pool(self.workers, initializer=_init, initargs=(self.device,))
+        return self._pool
+
+    def compile(self, tasks: Sequence[Task], deadline: float) -> Dict[str, object]:
+        """Run ``tasks`` (in order, grouped by problem so that a worker prepares each problem's inputs
+        once) until all are done or ``deadline`` (``time.time()``) passes — then the pool is terminated,
+        so that nothing runs on the device when this returns. Counts: ``tasks``, ``ok``, ``failed``,
+        ``done``, ``seconds`` (wall), ``task_seconds`` (summed over tasks), ``complete``, ``errors`` (the
+        first three)."""
+        t0 = time.time()
+        out: Dict[str, object] = {"tasks": len(tasks), "ok": 0, "failed": 0, "done": 0, "task_seconds": 0.0,
+                                  "complete": True, "errors": []}
+        if tasks:
+            results = self._start().imap_unordered(_task, list(tasks), chunksize=1)
+            for _ in tasks:
+                left = deadline - time.time()
+                try:
+                    if left <= 0:
+                        raise mp.TimeoutError
+                    name, ok, secs, err = results.next(timeout=left)
+                except mp.TimeoutError:
+                    out["complete"] = False
+                    self.close()  # terminate: no worker keeps the device busy while the caller times
+                    break
+                out["done"] += 1
+                out["ok" if ok else "failed"] += 1
+                out["task_seconds"] += secs
+                if err and len(out["errors"]) < 3:
+                    out["errors"].append(f"{name}: {err}")
+        out["seconds"] = time.time() - t0
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> "Precompiler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

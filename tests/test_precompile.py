@@ -1,0 +1,72 @@
+"""benchmarks/precompile.py: candidates run once in spawned worker processes (counts come back), only
+compiling families are sent, and a deadline terminates the pool so nothing runs on when it returns."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from attntune.problem import AttentionProblem
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def precompile(monkeypatch):
+    # spawned workers import the module by name: benchmarks/ must be on the path they inherit
+    monkeypatch.syspath_prepend(str(BENCH))
+    import precompile
+
+    return precompile
+
+
+def _cpu_problem(**kw) -> AttentionProblem:
+    return AttentionProblem(batch=1, heads_q=3, heads_kv=1, seqlen_q=7, seqlen_kv=13, head_dim=8, head_dim_v=8,
+                            dtype="float32", device_type="cpu", **kw)
+
+
+def test_workers_run_each_task_and_report_failures(precompile):
+    p, q = _cpu_problem(causal=True), _cpu_problem(mode="fwd_bwd")
+    tasks = [(p, "eager", {}), (p, "no_such_variant", {}), (q, "eager", {})]
+    with precompile.Precompiler("cpu", workers=2) as pre:
+        out = pre.compile(tasks, deadline=time.time() + 240)
+        # the pool is kept for the next key
+        again = pre.compile([(p, "eager", {})], deadline=time.time() + 240)
+    assert out["complete"] and out["done"] == 3 and out["ok"] == 2 and out["failed"] == 1, out
+    assert out["errors"] and "no_such_variant" in out["errors"][0]
+    assert again["ok"] == 1 and again["complete"]
+
+
+def test_a_passed_deadline_terminates_the_pool_and_a_later_call_starts_one(precompile):
+    p = _cpu_problem()
+    pre = precompile.Precompiler("cpu", workers=1)
+    try:
+        out = pre.compile([(p, "eager", {})] * 3, deadline=time.time() - 1)
+        assert not out["complete"] and out["done"] == 0 and pre._pool is None
+        out = pre.compile([(p, "eager", {})], deadline=time.time() + 240)
+        assert out["complete"] and out["ok"] == 1
+    finally:
+        pre.close()
+
+
+def test_only_compiling_families_are_sent(precompile):
+    from attntune.kernels import registry
+
+    p = _cpu_problem()
+    names = ["eager", "sdpa_default", "triton_flash", "triton_decode", "flex", "gone"]
+    sent = {name for _, name, _ in precompile.compiled_tasks(p, [(n, {}) for n in names])}
+    assert sent == {n for n in names if registry.exists(n) and registry.get(n).family in ("triton", "flex")}
+    assert {"triton_flash", "triton_decode"} <= sent and not sent & {"eager", "sdpa_default", "gone"}
+
+
+def test_worker_count_is_bounded():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("precompile_count", BENCH / "precompile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert 1 <= mod.default_workers() <= 12
+    with pytest.raises(ValueError, match="workers"):
+        mod.Precompiler("cpu", workers=0)
