@@ -34,6 +34,7 @@ COMPILED_FAMILIES = ("triton", "flex")
 Task = Tuple[object, str, dict]  # (AttentionProblem, variant name, config)
 
 _worker_device = None
+_worker_error: Optional[str] = None  # why this worker could not start: each of its tasks fails with it
 _worker_inputs: Optional[tuple] = None  # (problem, GateInputs) of the last task's problem
 
 
@@ -52,12 +53,19 @@ def compiled_tasks(problem, configs: Sequence[Tuple[str, dict]]) -> List[Task]:
 
 
 def _init(device: str) -> None:
-    import torch
+    """Never raises: a pool whose initializer raises respawns its workers forever (it did, on the first GPU
+    run: ``set_device`` of an index-less ``cuda``); the error is kept and every task fails with it."""
+    global _worker_device, _worker_error
+    try:
+        import torch
 
-    global _worker_device
-    _worker_device = torch.device(device)
-    if _worker_device.type == "cuda":
-        torch.cuda.set_device(_worker_device)
+        _worker_device = torch.device(device)
+        if _worker_device.type == "cuda":
+            if _worker_device.index is not None:
+                torch.cuda.set_device(_worker_device)
+            torch.cuda.init()
+    except Exception as e:  # noqa: BLE001
+        _worker_error = f"worker start: {type(e).__name__}: {e}"[:300]
 
 
 def _inputs(problem):
@@ -85,17 +93,19 @@ def _task(task: Task) -> Tuple[str, bool, float, Optional[str]]:
     from attntune.kernels import registry
 
     problem, name, cfg = task
+    if _worker_error:
+        return name, False, 0.0, _worker_error
     t0 = time.perf_counter()
     try:
-        inp = _inputs(problem)
         variant = registry.get(name)
-        with gate.key_numerics(problem):
+        with gate.key_numerics(problem):  # as the timing process prepares and runs it
+            inp = _inputs(problem)
             ok = gate.check(variant, cfg, inp).ok
             if ok:
                 fn, _ = make_call(variant, cfg, inp, grads=problem.mode == "fwd_bwd")
                 fn()
         if _worker_device.type == "cuda":
-            torch.cuda.synchronize(_worker_device)
+            torch.cuda.synchronize()
         return name, ok, time.perf_counter() - t0, None
     except Exception as e:  # noqa: BLE001 — the timing process compiles (and judges) it again
         return name, False, time.perf_counter() - t0, f"{type(e).__name__}: {e}"[:300]

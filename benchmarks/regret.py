@@ -470,7 +470,9 @@ def _run(args, device, pre) -> None:
         t0 = time.time()
         if pre is not None:  # the reference's configs (the sample does not depend on the kept winner)
             listed, _ = reference_configs(p, args.max_configs, [], key_seed(kid, 2))
-            row["precompile"] = pre.compile(compiled_tasks(p, listed), t0 + (deadline - t0) / (len(keys) - i))
+            # at most 40 % of the key's equal share of the time left: the tune and the search need the rest
+            row["precompile"] = pre.compile(compiled_tasks(p, listed),
+                                            t0 + 0.4 * (deadline - t0) / (len(keys) - i))
         t1 = time.time()
         recs = tune([p], cache=str(tmp / f"{kid}.db"), storage="memory", trials=args.trials, seed=1,
                     refine=args.refine)

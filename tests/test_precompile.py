@@ -70,3 +70,15 @@ def test_worker_count_is_bounded():
     assert 1 <= mod.default_workers() <= 12
     with pytest.raises(ValueError, match="workers"):
         mod.Precompiler("cpu", workers=0)
+
+
+def test_a_worker_that_cannot_start_fails_its_tasks_fast_instead_of_respawning(precompile):
+    # a device this machine cannot open (no CUDA here, or no 100th GPU): the initializer must not raise —
+    # a pool respawns raising workers forever, and the caller waited out its deadline with nothing done
+    p = _cpu_problem()
+    t0 = time.time()
+    with precompile.Precompiler("cuda:99", workers=2) as pre:
+        out = pre.compile([(p, "eager", {})] * 4, deadline=time.time() + 240)
+    assert out["complete"] and out["done"] == 4 and out["failed"] == 4 and out["ok"] == 0, out
+    assert "worker start" in out["errors"][0]
+    assert time.time() - t0 < 120
