@@ -359,12 +359,27 @@ def summarize(rows: List[dict], fid: List[dict]) -> dict:
             # keys whose reference search ran out of its time share: their regret is against the best of
             # the configs it measured (a lower bound, like a sampled grid's)
             "cut_short_keys": sum(bool(r.get("reference_unmeasured")) for r in rows if "regret" in r),
+            # of the configs the reference searches listed, the share they measured (timed, pruned after
+            # the cheap timing, or failed the gate): how close the reference came to its whole list
+            "reference_measured_share": _measured_share([r for r in rows if "regret" in r]),
             "fidelity_rows": len(errs), "max_fidelity_error": max(errs, default=None),
             "median_fidelity_error": statistics.median(errs) if errs else None,
             # against the baseline re-timed beside each row (see fidelity())
             "max_relative_fidelity_error": max(rel, default=None),
             "median_relative_fidelity_error": statistics.median(rel) if rel else None,
             **_clock_split(fid)}
+
+
+def _measured_share(rows: List[dict]):
+    """Σ measured / Σ listed over ``rows``' reference searches (None without rows).
+
+    >>> _measured_share([{"reference_full": 3, "reference_pruned": 1, "reference_failed": 0,
+    ...                   "reference_unmeasured": 4}, {"reference_full": 2}])
+    0.6
+    """
+    done = sum(r.get(k, 0) for r in rows for k in ("reference_full", "reference_pruned", "reference_failed"))
+    listed = done + sum(r.get("reference_unmeasured", 0) for r in rows)
+    return done / listed if listed else None
 
 
 #: a fidelity row counts as timed on a throttled card when its lowest SM clock sample sat this far below the

@@ -53,6 +53,7 @@ def test_regret_smoke(tmp_path):
         assert _finite(doc["summary"]["max_relative_fidelity_error"])
     s = doc["summary"]
     assert s["keys"] == 2 and s["families"] == ["dense_prefill"] and s["fidelity_rows"] == 1
+    assert s["reference_measured_share"] == 1.0 and s["cut_short_keys"] == 0
     # the geomean clips each regret at 0 and fidelity errors are absolute; a max regret may be negative
     # (the budgeted winner re-timed faster than the reference's)
     for k in ("geomean_regret", "max_fidelity_error"):
@@ -192,7 +193,7 @@ def test_regret_time_shares_and_family_order():
     spec = importlib.util.spec_from_file_location("regret_under_test", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for fn in (mod.interleave_families, mod.reference_share):
+    for fn in (mod.interleave_families, mod.reference_share, mod._measured_share):
         finder = doctest.DocTestFinder()
         runner = doctest.DocTestRunner()
         for t in finder.find(fn, fn.__name__, globs={fn.__name__: fn}):
