@@ -3,6 +3,7 @@ compiling families are sent, and a deadline terminates the pool so nothing runs 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -82,3 +83,18 @@ def test_a_worker_that_cannot_start_fails_its_tasks_fast_instead_of_respawning(p
     assert out["complete"] and out["done"] == 4 and out["failed"] == 4 and out["ok"] == 0, out
     assert "worker start" in out["errors"][0]
     assert time.time() - t0 < 120
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs the Triton kernels on the CPU: needs "
+                    "the interpreter (on a GPU the regret run exercises this path)")
+def test_triton_candidates_of_a_reference_list_run_in_the_workers(precompile):
+    # the regret script's own list (reference_configs) through compiled_tasks: forward and training keys
+    regret = pytest.importorskip("regret")
+    for p in (_cpu_problem(causal=True), _cpu_problem(mode="fwd_bwd", window=(5, 0))):
+        listed, _ = regret.reference_configs(p, 2, [], seed=1)
+        tasks = precompile.compiled_tasks(p, listed)
+        names = {name for _, name, _ in tasks}
+        assert "triton_flash" in names and names <= {"triton_flash", "triton_local", "triton_decode", "flex"}
+        with precompile.Precompiler("cpu", workers=2) as pre:
+            out = pre.compile(tasks, deadline=time.time() + 240)
+        assert out["complete"] and out["ok"] == len(tasks), out
