@@ -16,17 +16,25 @@ graph and kernel caches, both shared by every process of the user. Only variants
 (:data:`COMPILED_FAMILIES`) are sent. The timing process does not read anything the workers return except
 counts: a failed or missing precompile only costs it the compile it would have done anyway.
 
-Interference: the workers run kernels on the GPU, so :meth:`Precompiler.compile` returns only when every
-task is done; when its deadline passes first it terminates the pool (no worker is left running while the
-caller times) and a later call starts a new one.
+Interference: the workers run kernels on the GPU, so :meth:`Precompiler.compile` returns only when no
+task runs: when its deadline passes it cancels the tasks not yet started and waits for the running ones
+(terminating the pool if they outlast :attr:`Precompiler.DRAIN_S`). The pool lives across calls: its start
+(imports, a CUDA context per worker) is paid once. A first version terminated it at every deadline and
+restarted it for the next key: in a 120 s regret run (shares of 1-3 s) no task ever ran.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import time
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+#: this module's folder: spawned workers unpickle their functions as ``precompile._task``, so they import this
+#: module by name from the sys.path they inherit (:meth:`Precompiler.start` puts it there)
+_HERE = str(Path(__file__).resolve().parent)
 
 #: variant families whose first call compiles (Triton kernels; FlexAttention through inductor)
 COMPILED_FAMILIES = ("triton", "flex")
@@ -36,6 +44,7 @@ Task = Tuple[object, str, dict]  # (AttentionProblem, variant name, config)
 _worker_device = None
 _worker_error: Optional[str] = None  # why this worker could not start: each of its tasks fails with it
 _worker_inputs: Optional[tuple] = None  # (problem, GateInputs) of the last task's problem
+_worker_cancel = None  # the pool's cancel event: set, a task not yet started returns at once
 
 
 def default_workers() -> int:
@@ -52,12 +61,18 @@ def compiled_tasks(problem, configs: Sequence[Tuple[str, dict]]) -> List[Task]:
             if registry.exists(name) and registry.get(name).family in COMPILED_FAMILIES]
 
 
-def _init(device: str) -> None:
-    """Never raises: a pool whose initializer raises respawns its workers forever (it did, on the first GPU
-    run: ``set_device`` of an index-less ``cuda``); the error is kept and every task fails with it."""
-    global _worker_device, _worker_error
+def _init(device: str, cancel) -> None:
+    """Set the worker up: the device, its CUDA context and the imports every task needs (paid once per worker,
+    while the pool starts, not by the first key's tasks). Never raises: a pool whose initializer raises
+    respawns its workers forever (it did, on the first GPU run: ``set_device`` of an index-less ``cuda``);
+    the error is kept and every task fails with it."""
+    global _worker_device, _worker_error, _worker_cancel
+    _worker_cancel = cancel
     try:
         import torch
+
+        from attntune.autotune import gate, timing  # noqa: F401 — imported here, once
+        from attntune.kernels import registry  # noqa: F401
 
         _worker_device = torch.device(device)
         if _worker_device.type == "cuda":
@@ -66,6 +81,11 @@ def _init(device: str) -> None:
             torch.cuda.init()
     except Exception as e:  # noqa: BLE001
         _worker_error = f"worker start: {type(e).__name__}: {e}"[:300]
+
+
+def _ping() -> Optional[str]:
+    """A started worker's answer: None, or why it could not set up."""
+    return _worker_error
 
 
 def _inputs(problem):
@@ -83,9 +103,9 @@ def _inputs(problem):
     return _worker_inputs[1]
 
 
-def _task(task: Task) -> Tuple[str, bool, float, Optional[str]]:
+def _task(task: Task) -> Tuple[str, Optional[bool], float, Optional[str]]:
     """Run one candidate once through the gate and once through its timed call; ``(variant, ok, seconds,
-    error)``."""
+    error)``; ``ok`` is None for a task cancelled before it started."""
     import torch
 
     from attntune.autotune import gate
@@ -93,6 +113,8 @@ def _task(task: Task) -> Tuple[str, bool, float, Optional[str]]:
     from attntune.kernels import registry
 
     problem, name, cfg = task
+    if _worker_cancel is not None and _worker_cancel.is_set():
+        return name, None, 0.0, None  # cancelled: the caller's deadline passed before it started
     if _worker_error:
         return name, False, 0.0, _worker_error
     t0 = time.perf_counter()
@@ -113,46 +135,83 @@ def _task(task: Task) -> Tuple[str, bool, float, Optional[str]]:
 
 class Precompiler:
     """A pool of ``workers`` spawned processes on ``device`` that compile candidates ahead
-    (:meth:`compile`). Use as a context manager, or call :meth:`close`."""
+    (:meth:`compile`). The pool starts with :meth:`start` (or the first :meth:`compile`) and lives until
+    :meth:`close`; use it as a context manager."""
+
+    #: seconds the tasks already started when a deadline passes may take to finish before the pool is
+    #: terminated (a forward+backward Triton config compiles in 1.2-4.7 s; FlexAttention's in ~4 s)
+    DRAIN_S = 60.0
+
+    #: seconds :meth:`start` waits for a first worker to answer
+    START_S = 120.0
 
     def __init__(self, device, workers: int):
         if workers < 1:
             raise ValueError(f"workers: {workers} (at least 1)")
         self.device, self.workers = str(device), workers
-        self._pool = None
+        self._pool = self._cancel = None
+        self.disabled: Optional[str] = None  # why the workers could not start
 
-    def _start(self):
-        if self._pool is None:
+    def start(self) -> "Precompiler":
+        """Start the workers and wait until one answers (~5-10 s of imports and a CUDA context). A pool whose
+        workers cannot start is closed and this precompiler disabled (:attr:`disabled` says why; every
+        :meth:`compile` then returns at once): a worker dying while it starts is respawned forever, and
+        each call would wait out its deadline."""
+        if self._pool is None and not self.disabled:
+            if _HERE not in sys.path:
+                sys.path.insert(0, _HERE)
             ctx = mp.get_context("spawn")  # a forked CUDA context is unusable; spawn starts clean
-            self._pool = ctx.Pool(self.workers, initializer=_init, initargs=(self.device,))
-        return self._pool
+            self._cancel = ctx.Event()
+            self._pool = ctx.Pool(self.workers, initializer=_init, initargs=(self.device, self._cancel))
+            try:
+                err = self._pool.apply_async(_ping).get(timeout=self.START_S)
+            except mp.TimeoutError:
+                err = f"no worker answered within {self.START_S:.0f} s"
+            if err:
+                self.close()
+                self.disabled = err
+        return self
 
     def compile(self, tasks: Sequence[Task], deadline: float) -> Dict[str, object]:
         """Run ``tasks`` (in order, grouped by problem so that a worker prepares each problem's inputs
-        once) until all are done or ``deadline`` (``time.time()``) passes — then the pool is terminated,
-        so that nothing runs on the device when this returns. Counts: ``tasks``, ``ok``, ``failed``,
-        ``done``, ``seconds`` (wall), ``task_seconds`` (summed over tasks), ``complete``, ``errors`` (the
-        first three)."""
+        once) until all are done or ``deadline`` (``time.time()``) passes. Then the tasks not yet started
+        are cancelled and those running finish (the pool is terminated if they take over :data:`DRAIN_S`),
+        so that nothing runs on the device when this returns, and the pool is kept for the next call.
+        Counts: ``tasks``, ``ok``, ``failed``, ``done`` (ok + failed), ``cancelled``, ``seconds`` (wall),
+        ``task_seconds`` (summed over tasks), ``complete``, ``errors`` (the first three); ``disabled`` when
+        the workers could not start."""
         t0 = time.time()
-        out: Dict[str, object] = {"tasks": len(tasks), "ok": 0, "failed": 0, "done": 0, "task_seconds": 0.0,
-                                  "complete": True, "errors": []}
-        if tasks:
-            results = self._start().imap_unordered(_task, list(tasks), chunksize=1)
-            for _ in tasks:
-                left = deadline - time.time()
-                try:
-                    if left <= 0:
-                        raise mp.TimeoutError
-                    name, ok, secs, err = results.next(timeout=left)
-                except mp.TimeoutError:
+        out: Dict[str, object] = {"tasks": len(tasks), "ok": 0, "failed": 0, "done": 0, "cancelled": 0,
+                                  "task_seconds": 0.0, "complete": True, "errors": []}
+        if tasks and self.start().disabled:
+            out.update(complete=False, disabled=self.disabled)
+        elif tasks:
+            results = self._pool.imap_unordered(_task, list(tasks), chunksize=1)
+            pending, until = len(tasks), deadline
+            while pending:
+                if out["complete"] and time.time() >= deadline:
                     out["complete"] = False
-                    self.close()  # terminate: no worker keeps the device busy while the caller times
-                    break
+                    self._cancel.set()
+                    until = time.time() + self.DRAIN_S
+                try:
+                    name, ok, secs, err = results.next(timeout=max(0.01, until - time.time()))
+                except mp.TimeoutError:
+                    if not out["complete"]:  # a started task outlived the drain: stop every worker
+                        out["terminated"] = True
+                        self.close()
+                        break
+                    continue
+                pending -= 1
+                if ok is None:
+                    out["cancelled"] += 1
+                    continue
                 out["done"] += 1
                 out["ok" if ok else "failed"] += 1
                 out["task_seconds"] += secs
                 if err and len(out["errors"]) < 3:
                     out["errors"].append(f"{name}: {err}")
+            if self._cancel is not None:
+                self._cancel.clear()  # every task has returned: the next call's tasks run
         out["seconds"] = time.time() - t0
         return out
 
@@ -160,7 +219,7 @@ class Precompiler:
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
-            self._pool = None
+            self._pool = self._cancel = None
 
     def __enter__(self) -> "Precompiler":
         return self

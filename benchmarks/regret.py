@@ -450,7 +450,7 @@ def main(argv=None):
     device = default_device()
     workers = args.compile_workers if args.compile_workers is not None else (
         default_workers() if device.type == "cuda" else 0)
-    with Precompiler(device, workers) if workers > 0 else contextlib.nullcontext() as pre:
+    with Precompiler(device, workers).start() if workers > 0 else contextlib.nullcontext() as pre:
         _run(args, device, pre)
 
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import bench_module
 
 from attntune.problem import AttentionProblem
 
@@ -15,12 +16,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture
-def precompile(monkeypatch):
-    # spawned workers import the module by name: benchmarks/ must be on the path they inherit
-    monkeypatch.syspath_prepend(str(BENCH))
-    import precompile
-
-    return precompile
+def precompile():
+    return bench_module("precompile")  # it keeps benchmarks/ on sys.path: spawned workers import it by name
 
 
 def _cpu_problem(**kw) -> AttentionProblem:
@@ -40,14 +37,33 @@ def test_workers_run_each_task_and_report_failures(precompile):
     assert again["ok"] == 1 and again["complete"]
 
 
-def test_a_passed_deadline_terminates_the_pool_and_a_later_call_starts_one(precompile):
+def test_a_passed_deadline_cancels_what_has_not_started_and_keeps_the_pool(precompile):
     p = _cpu_problem()
-    pre = precompile.Precompiler("cpu", workers=1)
+    pre = precompile.Precompiler("cpu", workers=1).start()
     try:
         out = pre.compile([(p, "eager", {})] * 3, deadline=time.time() - 1)
-        assert not out["complete"] and out["done"] == 0 and pre._pool is None
-        out = pre.compile([(p, "eager", {})], deadline=time.time() + 240)
-        assert out["complete"] and out["ok"] == 1
+        # every task came back (none runs on after the call) and none of them ran
+        assert not out["complete"] and out["cancelled"] == 3 and out["done"] == 0, out
+        assert pre._pool is not None and not out.get("terminated")
+        out = pre.compile([(p, "eager", {})], deadline=time.time() + 240)  # the same pool, uncancelled
+        assert out["complete"] and out["ok"] == 1 and out["cancelled"] == 0, out
+    finally:
+        pre.close()
+
+
+def test_a_task_outliving_the_drain_terminates_the_pool(precompile, monkeypatch):
+    p = _cpu_problem(mode="fwd_bwd")
+    # a task that cannot finish in 0.2 s on any CPU: new inputs with a float64 reference forward and
+    # backward over 8 x 2048 x 2048 scores (~10 GFLOP), which the worker must prepare first
+    slow = AttentionProblem(batch=1, heads_q=8, heads_kv=8, seqlen_q=2048, seqlen_kv=2048, head_dim=64,
+                            head_dim_v=64, dtype="float32", device_type="cpu", mode="fwd_bwd")
+    pre = precompile.Precompiler("cpu", workers=1).start()
+    monkeypatch.setattr(pre, "DRAIN_S", 0.0)
+    try:
+        pre.compile([(p, "eager", {})], deadline=time.time() + 240)  # the worker is up
+        out = pre.compile([(slow, "eager", {})] * 2, deadline=time.time() + 0.2)
+        assert not out["complete"] and out.get("terminated") and pre._pool is None, out
+        assert pre.compile([(p, "eager", {})], deadline=time.time() + 240)["ok"] == 1  # a new pool
     finally:
         pre.close()
 
@@ -73,23 +89,35 @@ def test_worker_count_is_bounded():
         mod.Precompiler("cpu", workers=0)
 
 
-def test_a_worker_that_cannot_start_fails_its_tasks_fast_instead_of_respawning(precompile):
+def test_workers_that_cannot_start_disable_the_precompiler_at_once(precompile):
     # a device this machine cannot open (no CUDA here, or no 100th GPU): the initializer must not raise —
-    # a pool respawns raising workers forever, and the caller waited out its deadline with nothing done
+    # a pool respawns raising workers forever, and every call waited out its deadline with nothing done
     p = _cpu_problem()
     t0 = time.time()
-    with precompile.Precompiler("cuda:99", workers=2) as pre:
+    with precompile.Precompiler("cuda:99", workers=2).start() as pre:
+        assert pre.disabled and "worker start" in pre.disabled and pre._pool is None
         out = pre.compile([(p, "eager", {})] * 4, deadline=time.time() + 240)
-    assert out["complete"] and out["done"] == 4 and out["failed"] == 4 and out["ok"] == 0, out
-    assert "worker start" in out["errors"][0]
+    assert not out["complete"] and out["disabled"] == pre.disabled and out["done"] == 0, out
     assert time.time() - t0 < 120
+
+
+def test_a_worker_that_dies_while_starting_disables_the_precompiler(precompile, monkeypatch):
+    # a worker that cannot even import its module (here: the folder is not on the path it inherits, which
+    # start() normally ensures) dies before its initializer; the pool would respawn it forever
+    import sys
+
+    monkeypatch.setattr(precompile, "_HERE", "/nonexistent")
+    monkeypatch.setattr(precompile.Precompiler, "START_S", 5.0)
+    monkeypatch.setattr(sys, "path", [x for x in sys.path if x != str(BENCH)])
+    with precompile.Precompiler("cpu", workers=1).start() as pre:
+        assert pre.disabled and "no worker answered" in pre.disabled and pre._pool is None
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs the Triton kernels on the CPU: needs "
                     "the interpreter (on a GPU the regret run exercises this path)")
 def test_triton_candidates_of_a_reference_list_run_in_the_workers(precompile):
     # the regret script's own list (reference_configs) through compiled_tasks: forward and training keys
-    regret = pytest.importorskip("regret")
+    regret = bench_module("regret")
     for p in (_cpu_problem(causal=True), _cpu_problem(mode="fwd_bwd", window=(5, 0))):
         listed, _ = regret.reference_configs(p, 2, [], seed=1)
         tasks = precompile.compiled_tasks(p, listed)
