@@ -269,7 +269,7 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3, precompiler=N
     rows = []
     recs = [rec for rec in layers.valid_records() if rec.key.device == fp]
     if precompiler is not None:
-        tasks = [t for rec in recs for t in compiled_tasks(rec.key.representative(), _row_configs(rec))]
+        tasks = [t for rec in recs for t in _row_tasks(rec)]
         pre = precompiler.compile(tasks, time.time() + (deadline - time.time()) / 2)
         print(json.dumps({"fidelity_precompile": pre}), flush=True)
     for rec in recs:
@@ -290,12 +290,17 @@ def fidelity(cache: str, device, deadline: float, rounds: int = 3, precompiler=N
     return rows
 
 
-def _row_configs(rec) -> List[Tuple[str, dict]]:
-    """A cache row's winner and stored runner-up (what :func:`companion` may time beside it)."""
-    out = [(rec.variant, rec.config)]
+def _row_tasks(rec) -> list:
+    """Compile-ahead tasks of a cache row: its winner and stored runner-up (what :func:`companion` may time
+    beside it) on the key's representative problem; none for a row whose problem cannot be built (its
+    fidelity row then says why)."""
+    configs = [(rec.variant, rec.config)]
     if rec.runner_up and registry.exists(rec.runner_up):
-        out.append((rec.runner_up, rec.runner_up_config or {}))
-    return out
+        configs.append((rec.runner_up, rec.runner_up_config or {}))
+    try:
+        return compiled_tasks(rec.key.representative(), configs)
+    except Exception:  # noqa: BLE001
+        return []
 
 
 def _fidelity_row(row: dict, rec, problem, device, rounds: int) -> None:

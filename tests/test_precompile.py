@@ -53,15 +53,16 @@ def test_a_passed_deadline_cancels_what_has_not_started_and_keeps_the_pool(preco
 
 def test_a_task_outliving_the_drain_terminates_the_pool(precompile, monkeypatch):
     p = _cpu_problem(mode="fwd_bwd")
-    # a task that cannot finish in 0.2 s on any CPU: new inputs with a float64 reference forward and
-    # backward over 8 x 2048 x 2048 scores (~10 GFLOP), which the worker must prepare first
-    slow = AttentionProblem(batch=1, heads_q=8, heads_kv=8, seqlen_q=2048, seqlen_kv=2048, head_dim=64,
+    # a task that cannot finish in 1 s on any CPU (~10 s here): new inputs with a float64 reference forward
+    # and backward over 8 x 3072 x 3072 scores (~20 GFLOP), which the worker must prepare first; the idle
+    # worker takes it within milliseconds, long before the deadline
+    slow = AttentionProblem(batch=1, heads_q=8, heads_kv=8, seqlen_q=3072, seqlen_kv=3072, head_dim=64,
                             head_dim_v=64, dtype="float32", device_type="cpu", mode="fwd_bwd")
     pre = precompile.Precompiler("cpu", workers=1).start()
     monkeypatch.setattr(pre, "DRAIN_S", 0.0)
     try:
         pre.compile([(p, "eager", {})], deadline=time.time() + 240)  # the worker is up
-        out = pre.compile([(slow, "eager", {})] * 2, deadline=time.time() + 0.2)
+        out = pre.compile([(slow, "eager", {})] * 2, deadline=time.time() + 1.0)
         assert not out["complete"] and out.get("terminated") and pre._pool is None, out
         assert pre.compile([(p, "eager", {})], deadline=time.time() + 240)["ok"] == 1  # a new pool
     finally:
