@@ -452,18 +452,22 @@ def main(argv=None):
     if unknown:  # before any timing: a typo must not cost a GPU call its fidelity run first
         ap.error(f"--keys: unknown key set(s) {unknown}; known: {sorted(KEY_SETS)} (empty: fidelity only, "
                  "e.g. --keys=)")
+    if args.compile_workers is not None and args.compile_workers < 0:
+        ap.error(f"--compile-workers: {args.compile_workers} (0 turns compiling ahead off)")
     device = default_device()
+    t_start = time.time()  # the time limit counts the workers' start too
     workers = args.compile_workers if args.compile_workers is not None else (
         default_workers() if device.type == "cuda" else 0)
     with Precompiler(device, workers).start() if workers > 0 else contextlib.nullcontext() as pre:
-        _run(args, device, pre)
+        _run(args, device, pre, t_start)
 
 
-def _run(args, device, pre) -> None:
-    t_start = time.time()
+def _run(args, device, pre, t_start: float) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "regret", "environment": environment(), "args": vars(args), "rows": [], "fidelity": []}
+    doc = {"benchmark": "regret", "environment": environment(), "args": vars(args), "rows": [], "fidelity": [],
+           "compile_ahead": None if pre is None else {"workers": pre.workers, "disabled": pre.disabled,
+                                                      "start_s": time.time() - t_start}}
 
     def save():
         doc["summary"] = summarize(doc["rows"], doc["fidelity"])

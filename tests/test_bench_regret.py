@@ -54,6 +54,7 @@ def test_regret_smoke(tmp_path):
     s = doc["summary"]
     assert s["keys"] == 2 and s["families"] == ["dense_prefill"] and s["fidelity_rows"] == 1
     assert s["reference_measured_share"] == 1.0 and s["cut_short_keys"] == 0
+    assert doc["compile_ahead"]["workers"] == 1 and doc["compile_ahead"]["disabled"] is None
     # the geomean clips each regret at 0 and fidelity errors are absolute; a max regret may be negative
     # (the budgeted winner re-timed faster than the reference's)
     for k in ("geomean_regret", "max_fidelity_error"):
