@@ -79,15 +79,10 @@ def test_only_compiling_families_are_sent(precompile):
     assert {"triton_flash", "triton_decode"} <= sent and not sent & {"eager", "sdpa_default", "gone"}
 
 
-def test_worker_count_is_bounded():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("precompile_count", BENCH / "precompile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert 1 <= mod.default_workers() <= 12
+def test_worker_count_is_bounded(precompile):
+    assert 1 <= precompile.default_workers() <= 12
     with pytest.raises(ValueError, match="workers"):
-        mod.Precompiler("cpu", workers=0)
+        precompile.Precompiler("cpu", workers=0)
 
 
 def test_workers_that_cannot_start_disable_the_precompiler_at_once(precompile):
