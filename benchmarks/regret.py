@@ -17,13 +17,15 @@ that runs out of its share has measured an unbiased part of each variant's sampl
 (``reference_unmeasured`` says how many were left; its regret is again a lower bound). Each row says how
 many configs of how large a grid were measured.
 
-**Compiling ahead** (``--compile-workers``, on by default on a GPU): before a key's budgeted tune, the
+**Compiling ahead** (``--compile-workers``, on by default on a GPU): after a key's budgeted tune, the
 reference's listed configs of the variants that compile are compiled in parallel worker processes
-(``benchmarks/precompile.py``; the workers finish before anything is timed), so the tune and the
-reference search find them in the on-disk caches. Compiling one by one in the timing process, a 9-minute
-call measured only 2-11 of a key's ~55 listed configs (H100, 2026-12-06). Compiling ahead changes no
-choice: the tune is bounded by trials, not time, and every measurement is still taken in this process;
-it only lets the reference search reach more of its list. Each row's ``precompile`` has the counts.
+(``benchmarks/precompile.py``; the workers finish before anything is timed), in measuring order and for at
+most ``PRECOMPILE_SHARE`` of the key's reference share (the share pays for it), so the search finds them
+in the on-disk caches. Compiling one by one in the timing process, a 9-minute call measured only 2-11 of a
+key's ~55 listed configs (H100, 2026-12-06). Compiled before the tune and out of its own share, the
+compile-ahead starved the reference searches instead (the reserve for the tunes still to come counted
+it). Compiling ahead changes no choice: every measurement is still taken in this process; it only lets
+the reference search reach more of its list. Each row's ``precompile`` has the counts.
 
 **Fidelity** (``--fidelity CACHE``): every valid winner row of ``CACHE`` for this device is re-timed in
 this process (a fresh one, unlike the tuner's) on the key's representative problem with the tuner's
@@ -79,6 +81,11 @@ from attntune.problem import AttentionProblem  # noqa: E402
 
 #: seconds kept per key for re-timing the two winners side by side after its reference search
 RETIME_RESERVE_S = 3.0
+# Of a key's reference share, the most that compiling its configs ahead may take. Measured on an H100
+# (2026-12-06, regret_h100_2026-12-06c_compile_ahead.json): 12 workers compile ~0.1 s a config of wall,
+# measuring a compiled config takes 0.25-0.5 s (first load, gate, cheap and full timing), so the search
+# can measure about what a third of its share compiles.
+PRECOMPILE_SHARE = 0.3
 
 
 def _p(b, hq, hkv, sq, skv, d, dtype="bfloat16", device="cuda", **kw):
@@ -491,17 +498,11 @@ def _run(args, device, pre, t_start: float) -> None:
             row["error"] = "time limit"
             doc["rows"].append(row)
             continue
-        t0 = time.time()
-        if pre is not None:  # the reference's configs (the sample does not depend on the kept winner)
-            listed, _ = reference_configs(p, args.max_configs, [], key_seed(kid, 2))
-            # at most 40 % of the key's equal share of the time left: the tune and the search need the rest
-            row["precompile"] = pre.compile(compiled_tasks(p, listed),
-                                            t0 + 0.4 * (deadline - t0) / (len(keys) - i))
         t1 = time.time()
         recs = tune([p], cache=str(tmp / f"{kid}.db"), storage="memory", trials=args.trials, seed=1,
                     refine=args.refine)
         row["budget_s"] = time.time() - t1
-        tune_s.append(time.time() - t0)  # what each key still to come needs before its reference search
+        tune_s.append(row["budget_s"])  # what each key still to come needs before its reference search
         if not recs:
             row["error"] = "budgeted tune found no winner"
             doc["rows"].append(row)
@@ -511,6 +512,10 @@ def _run(args, device, pre, t_start: float) -> None:
         configs, info = reference_configs(p, args.max_configs, [(b.variant, b.config)], key_seed(kid, 2))
         t0 = time.time()
         share = reference_share(deadline - t0, len(keys) - i, statistics.mean(tune_s))
+        if pre is not None:
+            # The key's reference share pays for its compile-ahead too: PRECOMPILE_SHARE of it at most, the
+            # configs in measuring order, so the ones compiled are the ones the search reaches first.
+            row["precompile"] = pre.compile(compiled_tasks(p, configs), t0 + PRECOMPILE_SHARE * share)
         ref = reference_search(p, device, configs, args.prune, t0 + share)
         # budget_tuned_ms: what the tuner stored for its winner (budget_ms is re-timed beside the reference)
         row.update(budget_winner=[b.variant, b.config], budget_trials=b.trials, budget_tuned_ms=b.median_ms,
