@@ -100,6 +100,8 @@ def _inputs(problem):
         if _worker_device.type == "cuda":
             torch.cuda.empty_cache()
         _worker_inputs = (problem, gate.prepare(problem, _worker_device, seed=7))
+        if _worker_device.type == "cuda":
+            torch.cuda.empty_cache()  # the reference's chunks
     return _worker_inputs[1]
 
 
@@ -131,6 +133,11 @@ def _task(task: Task) -> Tuple[str, Optional[bool], float, Optional[str]]:
         return name, ok, time.perf_counter() - t0, None
     except Exception as e:  # noqa: BLE001 — the timing process compiles (and judges) it again
         return name, False, time.perf_counter() - t0, f"{type(e).__name__}: {e}"[:300]
+    finally:
+        # Give the allocator's cached blocks back: 12 idle workers each holding what the reference and the
+        # candidate left cached (6-7 GB each on an H100) ran the timing process out of memory.
+        if _worker_device is not None and _worker_device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 class Precompiler:
@@ -189,12 +196,16 @@ class Precompiler:
             results = self._pool.imap_unordered(_task, list(tasks), chunksize=1)
             pending, until = len(tasks), deadline
             while pending:
-                if out["complete"] and time.time() >= deadline:
+                # Start no task that would end past the deadline: the running ones are waited for, and
+                # FP32 or forward+backward compiles of 3-8 s each overran a 4 s deadline by 8 s.
+                mean_s = out["task_seconds"] / out["done"] if out["done"] else 0.0
+                if out["complete"] and time.time() + mean_s >= deadline:
                     out["complete"] = False
                     self._cancel.set()
                     until = time.time() + self.DRAIN_S
+                wait = until - time.time() - (mean_s if out["complete"] else 0.0)
                 try:
-                    name, ok, secs, err = results.next(timeout=max(0.01, until - time.time()))
+                    name, ok, secs, err = results.next(timeout=max(0.01, wait))
                 except mp.TimeoutError:
                     if not out["complete"]:  # a started task outlived the drain: stop every worker
                         out["terminated"] = True

@@ -40,9 +40,9 @@ Usage (H200, one call of at most 9 minutes)::
         --out benchmarks/results/regret_h200.json
     python benchmarks/regret.py --keys cpu2 --fidelity /tmp/cpu.db --out /tmp/regret.json   # CPU smoke
 
-Runs of the same keys made at different times (e.g. a family re-run after a fix) combine with
-``--merge A.json B.json --out C.json``: a later file's rows replace the earlier files' rows of the
-families it ran; fidelity comes from the last file that has any; ``merged_from`` names each file with its
+Runs made at different times (e.g. a family re-run after a fix, or the keys a run did not reach, run
+with ``--first-key N``) combine with ``--merge A.json B.json --out C.json``: a later file's rows replace
+the earlier files' rows of the same keys; fidelity comes from the last file that has any; ``merged_from`` names each file with its
 arguments and the families taken from it.
 
 The JSON is rewritten after every key (a timeout still leaves the keys done); its ``summary`` holds
@@ -66,6 +66,8 @@ from typing import Dict, List, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env import environment  # noqa: E402
 from precompile import Precompiler, compiled_tasks, default_workers  # noqa: E402
+
+import torch  # noqa: E402
 
 from attntune.autotune import gate  # noqa: E402
 from attntune.autotune.runner import DEFAULT_REFINE, tune  # noqa: E402
@@ -414,17 +416,17 @@ def _clock_split(fid: List[dict]) -> dict:
 
 
 def merge(paths: List[str]) -> dict:
-    """One document from several runs (see the module doc): rows by family, later files winning."""
+    """One document from several runs (see the module doc): rows by key, later files winning."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
-    by_family: Dict[str, Tuple[int, List[dict]]] = {}
+    by_key: Dict[str, Tuple[int, dict]] = {}
     for i, d in enumerate(docs):
-        for fam in dict.fromkeys(r["family"] for r in d["rows"]):
-            by_family[fam] = (i, [r for r in d["rows"] if r["family"] == fam])
-    rows = [r for _, rs in by_family.values() for r in rs]
+        for r in d["rows"]:
+            by_key[r.get("key_id") or f'{r["family"]}:{r.get("key")}'] = (i, r)
+    rows = [r for _, r in by_key.values()]
     fid = next((d["fidelity"] for d in reversed(docs) if d.get("fidelity")), [])
     return {"benchmark": "regret", "environment": docs[-1]["environment"],
             "merged_from": [{"file": Path(p).name, "args": d.get("args"), "elapsed_s": d.get("elapsed_s"),
-                             "families": sorted(f for f, (j, _) in by_family.items() if j == i),
+                             "families": sorted({r["family"] for j, r in by_key.values() if j == i}),
                              "fidelity": bool(d.get("fidelity")) and d["fidelity"] is fid,
                              # a merged file merged again keeps where its own parts came from
                              **({"parts": d["merged_from"]} if d.get("merged_from") else {})}
@@ -439,6 +441,8 @@ def main(argv=None):
     ap.add_argument("--refine", type=int, default=DEFAULT_REFINE,
                     help="the tuner's hill-climb trials after the budget (attntune tune --refine; its default); 0 = off")
     ap.add_argument("--keys", default="families16", help=",".join(KEY_SETS) + " (empty: fidelity only)")
+    ap.add_argument("--first-key", type=int, default=0,
+                    help="start at this key of the (interleaved) key list: the keys a run cut short did not reach")
     ap.add_argument("--families", default="", help="only these families of the key sets (comma list; empty: all)")
     ap.add_argument("--max-configs", type=int, default=48, help="reference configs per variant (sampled above)")
     ap.add_argument("--prune", type=float, default=1.5, help="skip full timing above this x the best so far")
@@ -459,6 +463,8 @@ def main(argv=None):
     if unknown:  # before any timing: a typo must not cost a GPU call its fidelity run first
         ap.error(f"--keys: unknown key set(s) {unknown}; known: {sorted(KEY_SETS)} (empty: fidelity only, "
                  "e.g. --keys=)")
+    if args.first_key < 0:
+        ap.error(f"--first-key: {args.first_key} (0 is the first key)")
     if args.compile_workers is not None and args.compile_workers < 0:
         ap.error(f"--compile-workers: {args.compile_workers} (0 turns compiling ahead off)")
     device = default_device()
@@ -467,6 +473,43 @@ def main(argv=None):
         default_workers() if device.type == "cuda" else 0)
     with Precompiler(device, workers).start() if workers > 0 else contextlib.nullcontext() as pre:
         _run(args, device, pre, t_start)
+
+
+def _key(args, device, pre, p, kid, row, tmp, tune_s, deadline, keys_left) -> None:
+    """One key's budgeted tune, compile-ahead, reference search and retime, into ``row`` (its ``error``
+    says why a key has no regret)."""
+    t1 = time.time()
+    recs = tune([p], cache=str(tmp / f"{kid}.db"), storage="memory", trials=args.trials, seed=1,
+                refine=args.refine)
+    row["budget_s"] = time.time() - t1
+    tune_s.append(row["budget_s"])  # what each key still to come needs before its reference search
+    if not recs:
+        row["error"] = "budgeted tune found no winner"
+        return
+    b = recs[0]
+    configs, info = reference_configs(p, args.max_configs, [(b.variant, b.config)], key_seed(kid, 2))
+    t0 = time.time()
+    share = reference_share(deadline - t0, keys_left, statistics.mean(tune_s))
+    if pre is not None:
+        # The key's reference share pays for its compile-ahead too: PRECOMPILE_SHARE of it at most, the
+        # configs in measuring order, so the ones compiled are the ones the search reaches first.
+        row["precompile"] = pre.compile(compiled_tasks(p, configs), t0 + PRECOMPILE_SHARE * share)
+    ref = reference_search(p, device, configs, args.prune, t0 + share)
+    # budget_tuned_ms: what the tuner stored for its winner (budget_ms is re-timed beside the reference)
+    row.update(budget_winner=[b.variant, b.config], budget_trials=b.trials, budget_tuned_ms=b.median_ms,
+               reference=info,
+               sampled=any(v["listed"] < v["grid"] for v in info.values()), reference_s=time.time() - t0,
+               reference_full=ref["full"], reference_pruned=ref["pruned"], reference_failed=ref["failed"],
+               reference_unmeasured=ref["cut_short"])
+    if ref["best"] is None:
+        row["error"] = "no reference config ran" + (" within the key's time share" if ref["cut_short"] else "")
+    elif (b.variant, b.config) == ref["best"]:
+        row.update(regret=0.0, same_choice=True, reference_winner=list(ref["best"]), budget_ms=b.median_ms,
+                   reference_ms=ref["best_ms"])
+    else:
+        tb, tr = retime(p, (b.variant, b.config), ref["best"], device)
+        row.update(regret=tb / tr - 1, same_choice=False, reference_winner=list(ref["best"]), budget_ms=tb,
+                   reference_ms=tr)
 
 
 def _run(args, device, pre, t_start: float) -> None:
@@ -489,7 +532,8 @@ def _run(args, device, pre, t_start: float) -> None:
     tmp = Path(tempfile.mkdtemp())
     only = {f for f in args.families.split(",") if f}
     keys = interleave_families(
-        [fp for ks in args.keys.split(",") if ks for fp in KEY_SETS[ks] if not only or fp[0] in only])
+        [fp for ks in args.keys.split(",") if ks for fp in KEY_SETS[ks] if not only or fp[0] in only]
+    )[args.first_key:]
     tune_s: List[float] = []  # the budgeted tunes so far: what the keys still to come will need
     for i, (family, p) in enumerate(keys):
         kid = TuneKey.from_problem(p, device_fingerprint(device)).key_id
@@ -498,40 +542,12 @@ def _run(args, device, pre, t_start: float) -> None:
             row["error"] = "time limit"
             doc["rows"].append(row)
             continue
-        t1 = time.time()
-        recs = tune([p], cache=str(tmp / f"{kid}.db"), storage="memory", trials=args.trials, seed=1,
-                    refine=args.refine)
-        row["budget_s"] = time.time() - t1
-        tune_s.append(row["budget_s"])  # what each key still to come needs before its reference search
-        if not recs:
-            row["error"] = "budgeted tune found no winner"
-            doc["rows"].append(row)
-            save()
-            continue
-        b = recs[0]
-        configs, info = reference_configs(p, args.max_configs, [(b.variant, b.config)], key_seed(kid, 2))
-        t0 = time.time()
-        share = reference_share(deadline - t0, len(keys) - i, statistics.mean(tune_s))
-        if pre is not None:
-            # The key's reference share pays for its compile-ahead too: PRECOMPILE_SHARE of it at most, the
-            # configs in measuring order, so the ones compiled are the ones the search reaches first.
-            row["precompile"] = pre.compile(compiled_tasks(p, configs), t0 + PRECOMPILE_SHARE * share)
-        ref = reference_search(p, device, configs, args.prune, t0 + share)
-        # budget_tuned_ms: what the tuner stored for its winner (budget_ms is re-timed beside the reference)
-        row.update(budget_winner=[b.variant, b.config], budget_trials=b.trials, budget_tuned_ms=b.median_ms,
-                   reference=info,
-                   sampled=any(v["listed"] < v["grid"] for v in info.values()), reference_s=time.time() - t0,
-                   reference_full=ref["full"], reference_pruned=ref["pruned"], reference_failed=ref["failed"],
-                   reference_unmeasured=ref["cut_short"])
-        if ref["best"] is None:
-            row["error"] = "no reference config ran" + (" within the key's time share" if ref["cut_short"] else "")
-        elif (b.variant, b.config) == ref["best"]:
-            row.update(regret=0.0, same_choice=True, reference_winner=list(ref["best"]), budget_ms=b.median_ms,
-                       reference_ms=ref["best_ms"])
-        else:
-            tb, tr = retime(p, (b.variant, b.config), ref["best"], device)
-            row.update(regret=tb / tr - 1, same_choice=False, reference_winner=list(ref["best"]), budget_ms=tb,
-                       reference_ms=tr)
+        try:
+            _key(args, device, pre, p, kid, row, tmp, tune_s, deadline, len(keys) - i)
+        except Exception as e:  # noqa: BLE001 — one key's failure (e.g. out of memory) must not end the run
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         doc["rows"].append(row)
         save()
         print(json.dumps({k: v for k, v in row.items() if k != "reference"}), flush=True)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import bench_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,24 +166,61 @@ def test_families_filter_keeps_only_the_named_families(tmp_path):
     assert doc["rows"] == [] and doc["summary"]["keys"] == 0
 
 
-def test_merge_takes_each_family_from_the_last_run_that_has_it(tmp_path):
+def test_merge_takes_each_key_from_the_last_run_that_has_it(tmp_path):
+    """A family re-run replaces its keys' rows; the keys a resumed run (``--first-key``) adds join the rows
+    of the run it continues instead of replacing that run's rows of the same families."""
     regret = _regret_module()
     env = {"torch": "x"}
     a = {"environment": env, "args": {"keys": "families16"}, "fidelity": [{"error_frac": 0.02}],
-         "rows": [{"family": "decode", "regret": 0.5}, {"family": "decode", "regret": 0.1},
-                  {"family": "training", "regret": 0.04}]}
+         "rows": [{"family": "decode", "key_id": "d1", "regret": 0.5},
+                  {"family": "decode", "key_id": "d2", "regret": 0.1},
+                  {"family": "training", "key_id": "t1", "regret": 0.04}]}
     b = {"environment": env, "args": {"families": "decode"}, "fidelity": [],
-         "rows": [{"family": "decode", "regret": 0.0}]}
-    pa, pb, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json"
-    pa.write_text(json.dumps(a))
-    pb.write_text(json.dumps(b))
-    regret.main(["--merge", str(pa), str(pb), "--out", str(out)])
+         "rows": [{"family": "decode", "key_id": "d1", "regret": 0.0}]}
+    c = {"environment": env, "args": {"first_key": 3}, "fidelity": [],
+         "rows": [{"family": "decode", "key_id": "d3", "regret": 0.01}]}
+    paths = [tmp_path / n for n in ("a.json", "b.json", "c.json")]
+    for pth, d in zip(paths, (a, b, c)):
+        pth.write_text(json.dumps(d))
+    out = tmp_path / "m.json"
+    regret.main(["--merge", *map(str, paths), "--out", str(out)])
     doc = json.loads(out.read_text())
-    assert sorted(r["regret"] for r in doc["rows"]) == [0.0, 0.04]
+    assert sorted(r["regret"] for r in doc["rows"]) == [0.0, 0.01, 0.04, 0.1]
     s = doc["summary"]
-    assert s["keys"] == 2 and s["max_regret"] == 0.04 and s["max_fidelity_error"] == 0.02
-    assert [m["families"] for m in doc["merged_from"]] == [["training"], ["decode"]]
-    assert [m["fidelity"] for m in doc["merged_from"]] == [True, False]
+    assert s["keys"] == 4 and s["max_regret"] == 0.1 and s["max_fidelity_error"] == 0.02
+    assert [m["families"] for m in doc["merged_from"]] == [["decode", "training"], ["decode"], ["decode"]]
+    assert [m["fidelity"] for m in doc["merged_from"]] == [True, False, False]
+
+
+def test_a_failing_key_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A key whose tune or search raises (an H100 run went out of memory on its ninth key and ended, losing
+    the keys after it) gets the error in its row; the next key still runs. ``--first-key`` skips keys."""
+    regret = _regret_module()
+    calls = []
+    real = regret.tune
+
+    def tune(problems, **kw):
+        calls.append(problems[0])
+        if len(calls) == 1:
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real(problems, **kw)
+
+    monkeypatch.setattr(regret, "tune", tune)
+    monkeypatch.setenv("ATTNTUNE_SYSTEM_CACHE", "")
+    monkeypatch.setenv("ATTNTUNE_CACHE", str(tmp_path / "user.db"))
+    out = tmp_path / "r.json"
+    regret.main(["--keys", "cpu2", "--trials", "2", "--max-configs", "1", "--time-limit", "120", "--out", str(out),
+                 "--compile-workers", "0"])
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and "out of memory (injected)" in rows[0]["error"], rows[0]
+    assert "error" not in rows[1] and _finite(rows[1]["regret"]), rows[1]
+    calls.clear()
+    regret.main(["--keys", "cpu2", "--first-key", "1", "--trials", "2", "--max-configs", "1", "--time-limit",
+                 "120", "--out", str(out), "--compile-workers", "0"])
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 1 and len(calls) == 1 and calls[0].causal  # cpu2's second key is the causal one
+    with pytest.raises(SystemExit):
+        regret.main(["--keys", "cpu2", "--first-key", "-1", "--out", str(out)])
 
 
 def test_regret_time_shares_and_family_order():
