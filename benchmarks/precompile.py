@@ -61,6 +61,21 @@ def compiled_tasks(problem, configs: Sequence[Tuple[str, dict]]) -> List[Task]:
             if registry.exists(name) and registry.get(name).family in COMPILED_FAMILIES]
 
 
+def stop_starting(now: float, deadline: float, mean_task_s: float) -> bool:
+    """Whether to start no more tasks: one started now would end past ``deadline`` (by the mean duration of
+    this call's tasks so far). The running tasks are waited for, so cancelling only at the deadline let FP32
+    and forward+backward compiles of 3-8 s each overrun a 4 s deadline by 8 s (H100, 2026-12-06).
+
+    >>> stop_starting(10.0, 12.0, 0.0)    # nothing done yet: no estimate, run up to the deadline
+    False
+    >>> stop_starting(10.0, 12.0, 3.0)    # a task would end at 13 s
+    True
+    >>> stop_starting(10.0, 12.0, 1.5)
+    False
+    """
+    return now + mean_task_s >= deadline
+
+
 def _init(device: str, cancel) -> None:
     """Set the worker up: the device, its CUDA context and the imports every task needs (paid once per worker,
     while the pool starts, not by the first key's tasks). Never raises: a pool whose initializer raises
@@ -196,10 +211,8 @@ class Precompiler:
             results = self._pool.imap_unordered(_task, list(tasks), chunksize=1)
             pending, until = len(tasks), deadline
             while pending:
-                # Start no task that would end past the deadline: the running ones are waited for, and
-                # FP32 or forward+backward compiles of 3-8 s each overran a 4 s deadline by 8 s.
                 mean_s = out["task_seconds"] / out["done"] if out["done"] else 0.0
-                if out["complete"] and time.time() + mean_s >= deadline:
+                if out["complete"] and stop_starting(time.time(), deadline, mean_s):
                     out["complete"] = False
                     self._cancel.set()
                     until = time.time() + self.DRAIN_S

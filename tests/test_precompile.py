@@ -122,3 +122,13 @@ def test_triton_candidates_of_a_reference_list_run_in_the_workers(precompile):
         with precompile.Precompiler("cpu", workers=2) as pre:
             out = pre.compile(tasks, deadline=time.time() + 240)
         assert out["complete"] and out["ok"] == len(tasks), out
+
+
+def test_no_task_starts_that_would_end_past_the_deadline(precompile):
+    """The examples in stop_starting's docstring."""
+    import doctest
+
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
+    tests = finder.find(precompile.stop_starting, "stop_starting", globs={"stop_starting": precompile.stop_starting})
+    assert tests and all(runner.run(t).failed == 0 for t in tests)
+    assert sum(len(t.examples) for t in tests) == 3
