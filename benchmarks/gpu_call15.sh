@@ -23,7 +23,7 @@ case ${PART:-train} in
     if [ $H200 = 1 ] || [ "${ANY_CARD:-0}" = 1 ]; then
       CARD=$([ $H200 = 1 ] && echo h200 || echo h100)
       FID="--fidelity cache.db --fidelity-share ${FID_SHARE:-0.3}"; [ "${FIDELITY:-1}" = 0 ] && FID=""
-      timeout $(( ${RUN_S:-480} + 60 )) python3 benchmarks/regret.py --keys "${KEYS-families16}" $FID --max-configs ${MAX_CONFIGS:-48} --first-key ${FIRST_KEY:-0} \
+      timeout $(( ${RUN_S:-480} + 60 )) python3 benchmarks/regret.py --keys "${KEYS-families16}" $FID --max-configs ${MAX_CONFIGS:-48} --first-key ${FIRST_KEY:-0} --families "${FAMILIES:-}" \
           --time-limit ${RUN_S:-480} --out "$OUT/regret_$CARD.json" > "$OUT/regret.log" 2>&1
       echo "regret rc=$? ($(( $(date +%s) - T0 )) s)"; tail -25 "$OUT/regret.log" | cut -c1-300
     else echo "not an H200: regret skipped"; fi ;;
