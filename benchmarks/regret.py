@@ -42,8 +42,8 @@ Usage (H200, one call of at most 9 minutes)::
 
 Runs made at different times (e.g. a family re-run after a fix, or the keys a run did not reach, run
 with ``--first-key N``) combine with ``--merge A.json B.json --out C.json``: a later file's rows replace
-the earlier files' rows of the same keys; fidelity comes from the last file that has any; ``merged_from`` names each file with its
-arguments and the families taken from it.
+the earlier files' rows of the same keys; fidelity comes from the last file that has any; ``merged_from``
+names each file with its arguments and the families of the rows taken from it.
 
 The JSON is rewritten after every key (a timeout still leaves the keys done); its ``summary`` holds
 ``keys``, ``families``, ``geomean_regret``, ``max_regret``, ``max_fidelity_error``.
