@@ -115,8 +115,6 @@ def _inputs(problem):
         if _worker_device.type == "cuda":
             torch.cuda.empty_cache()
         _worker_inputs = (problem, gate.prepare(problem, _worker_device, seed=7))
-        if _worker_device.type == "cuda":
-            torch.cuda.empty_cache()  # the reference's chunks
     return _worker_inputs[1]
 
 
@@ -149,8 +147,8 @@ def _task(task: Task) -> Tuple[str, Optional[bool], float, Optional[str]]:
     except Exception as e:  # noqa: BLE001 — the timing process compiles (and judges) it again
         return name, False, time.perf_counter() - t0, f"{type(e).__name__}: {e}"[:300]
     finally:
-        # Give the allocator's cached blocks back: 12 idle workers each holding what the reference and the
-        # candidate left cached (6-7 GB each on an H100) ran the timing process out of memory.
+        # Give the allocator's cached blocks back (the reference's chunks, the candidate's temporaries): 12
+        # idle workers each holding them (6-7 GB each on an H100) ran the timing process out of memory.
         if _worker_device is not None and _worker_device.type == "cuda":
             torch.cuda.empty_cache()
 
