@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env import environment  # noqa: E402
@@ -208,30 +208,53 @@ def reference_search(problem, device, configs, prune: float, deadline: float) ->
 
 
 def _reference_search(problem, device, configs, prune: float, deadline: float) -> dict:
+    # phase_s: where the search's seconds went (inputs and reference, gate incl. first load and any compile
+    # the compile-ahead missed, binding, cheap and full timing): what limits the configs measured per key.
+    phase = dict.fromkeys(("prepare", "gate", "bind", "cheap", "full"), 0.0)
+    t = time.time()
     inp = gate.prepare(problem, device, seed=7)
     timer = Timer(device, TimingOptions(), graphs=graph_timed(problem))
+    phase["prepare"] = time.time() - t
     best_ms, best, n_full, n_pruned, n_failed = math.inf, None, 0, 0, 0
+
+    def result(cut_short: int) -> dict:
+        return {"best": best, "best_ms": best_ms, "full": n_full, "pruned": n_pruned, "failed": n_failed,
+                "cut_short": cut_short, "phase_s": {k: round(v, 3) for k, v in phase.items()}}
+
     for i, (name, cfg) in enumerate(configs):
         if time.time() > deadline:
-            return {"best": best, "best_ms": best_ms, "full": n_full, "pruned": n_pruned, "failed": n_failed,
-                    "cut_short": len(configs) - i}
+            return result(len(configs) - i)
+        t = time.time()
+        step = "gate"
         try:
             variant = registry.get(name)
-            if not gate.check(variant, cfg, inp).ok:
+            ok = gate.check(variant, cfg, inp).ok
+            if not ok:
                 n_failed += 1
                 continue
+            t, step = _lap(phase, step, t), "bind"
             fn, grads = make_call(variant, cfg, inp, grads=problem.mode == "fwd_bwd")
+            t, step = _lap(phase, step, t), "cheap"
             if timer.cheap(fn, grads) > prune * best_ms:
                 n_pruned += 1
                 continue
+            t, step = _lap(phase, step, t), "full"
             ms = timer.full(fn, grads)
             n_full += 1
             if ms < best_ms:
                 best_ms, best = ms, (name, cfg)
         except Exception:  # noqa: BLE001 — a config that does not compile or run is a failed trial
             n_failed += 1
-    return {"best": best, "best_ms": best_ms, "full": n_full, "pruned": n_pruned, "failed": n_failed,
-            "cut_short": 0}
+        finally:
+            _lap(phase, step, t)
+    return result(0)
+
+
+def _lap(phase: dict, step: str, t: float) -> float:
+    """Add the seconds since ``t`` to ``phase[step]``; the time now."""
+    now = time.time()
+    phase[step] += now - t
+    return now
 
 
 def retime(problem, a, b, device, rounds=5):
@@ -376,6 +399,7 @@ def summarize(rows: List[dict], fid: List[dict]) -> dict:
             # of the configs the reference searches listed, the share they measured (timed, pruned after
             # the cheap timing, or failed the gate): how close the reference came to its whole list
             "reference_measured_share": _measured_share([r for r in rows if "regret" in r]),
+            "reference_phase_s": _phase_totals(rows),
             "fidelity_rows": len(errs), "max_fidelity_error": max(errs, default=None),
             "median_fidelity_error": statistics.median(errs) if errs else None,
             # against the baseline re-timed beside each row (see fidelity())
@@ -394,6 +418,19 @@ def _measured_share(rows: List[dict]):
     done = sum(r.get(k, 0) for r in rows for k in ("reference_full", "reference_pruned", "reference_failed"))
     listed = done + sum(r.get("reference_unmeasured", 0) for r in rows)
     return done / listed if listed else None
+
+
+def _phase_totals(rows: List[dict]) -> Optional[dict]:
+    """Seconds per reference-search phase, summed over ``rows`` (None when no row has them).
+
+    >>> _phase_totals([{"reference_phase_s": {"gate": 1.0, "full": 2.0}}, {}, {"reference_phase_s": {"gate": 0.5}}])
+    {'gate': 1.5, 'full': 2.0}
+    """
+    tot: dict = {}
+    for r in rows:
+        for k, v in r.get("reference_phase_s", {}).items():
+            tot[k] = round(tot.get(k, 0.0) + v, 3)
+    return tot or None
 
 
 #: a fidelity row counts as timed on a throttled card when its lowest SM clock sample sat this far below the
@@ -439,7 +476,7 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks/results/regret_h200.json")
     ap.add_argument("--trials", type=int, default=8, help="the budget under test (the shipped cache's)")
     ap.add_argument("--refine", type=int, default=DEFAULT_REFINE,
-                    help="the tuner's hill-climb trials after the budget (attntune tune --refine; its default); 0 = off")
+                    help="the tuner's hill-climb trials after the budget (attntune tune --refine; its default); 0: off")
     ap.add_argument("--keys", default="families16", help=",".join(KEY_SETS) + " (empty: fidelity only)")
     ap.add_argument("--first-key", type=int, default=0,
                     help="start at this key of the (interleaved) key list: the keys a run cut short did not reach")
@@ -500,7 +537,7 @@ def _key(args, device, pre, p, kid, row, tmp, tune_s, deadline, keys_left) -> No
                reference=info,
                sampled=any(v["listed"] < v["grid"] for v in info.values()), reference_s=time.time() - t0,
                reference_full=ref["full"], reference_pruned=ref["pruned"], reference_failed=ref["failed"],
-               reference_unmeasured=ref["cut_short"])
+               reference_unmeasured=ref["cut_short"], reference_phase_s=ref["phase_s"])
     if ref["best"] is None:
         row["error"] = "no reference config ran" + (" within the key's time share" if ref["cut_short"] else "")
     elif (b.variant, b.config) == ref["best"]:

@@ -296,8 +296,14 @@ def test_every_timing_path_runs_under_the_keys_numerics(tmp_path, monkeypatch):
     st.dispose()
     (row,) = regret.fidelity(str(tmp_path / "c.db"), torch.device("cpu"), time.time() + 120, rounds=1)
     assert "error" not in row and entered[-1] == key.representative()
+    t0 = time.time()
     ref = regret.reference_search(p, torch.device("cpu"), [("sdpa_math", {})], 1.5, time.time() + 120)
     assert ref["best"] == ("sdpa_math", {}) and entered[-1] == p
+    # where the search's time went: every phase ran once, and the phases add up to no more than the wall time
+    phase = ref["phase_s"]
+    assert set(phase) == {"prepare", "gate", "bind", "cheap", "full"} and all(v >= 0 for v in phase.values())
+    assert phase["full"] > 0 and phase["gate"] > 0
+    assert sum(phase.values()) <= time.time() - t0 + 0.01
     ta, tb = regret.retime(p, ("sdpa_math", {}), ("sdpa_default", {}), torch.device("cpu"), rounds=1)
     assert ta > 0 and tb > 0 and entered[-1] == p and len(entered) == 3
 
