@@ -228,8 +228,7 @@ def _reference_search(problem, device, configs, prune: float, deadline: float) -
         step = "gate"
         try:
             variant = registry.get(name)
-            ok = gate.check(variant, cfg, inp).ok
-            if not ok:
+            if not gate.check(variant, cfg, inp).ok:
                 n_failed += 1
                 continue
             t, step = _lap(phase, step, t), "bind"
