@@ -232,7 +232,7 @@ def test_regret_time_shares_and_family_order():
     spec = importlib.util.spec_from_file_location("regret_under_test", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for fn in (mod.interleave_families, mod.reference_share, mod._measured_share):
+    for fn in (mod.interleave_families, mod.reference_share, mod._measured_share, mod._phase_totals):
         finder = doctest.DocTestFinder()
         runner = doctest.DocTestRunner()
         for t in finder.find(fn, fn.__name__, globs={fn.__name__: fn}):
