@@ -23,7 +23,9 @@ serving frameworks capture decode: an eager measurement of a ~10 µs kernel is m
 launch cost on the host (H200 VM: 30-90 µs), which would rank configs by how few launches they make
 rather than by what the GPU does. Each replayed call is preceded by an L2 flush inside the graph, and
 the flush's own time (a flush-only graph) is subtracted, so K/V come from device memory as in serving.
-A variant that cannot be captured (host synchronisation inside) falls back to eager events.
+A variant that cannot be captured (host synchronisation inside) falls back to eager events. A timer
+captures a call once (its cheap timing, full timing and confirmation rounds replay that graph), and the
+flush-only graph is captured once per device.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -143,6 +145,27 @@ def hold_cycles(device: torch.device, host_s: float) -> int:
 GRAPH_FLUSH_BYTES = 64 << 20  # > H200's 60 MB L2; small enough that subtracting it stays precise
 GRAPH_CALLS = 20  # calls per captured graph
 GRAPH_REPLAYS = 15
+GRAPH_KEEP = 4  # captured graphs a timer keeps: a confirmation interleaves CONFIRM_TOP (3) configs and the baseline
+#: per device index: the flush buffer and its flush-only graph, captured once per process (they do not depend on
+#: the call timed; 64 MB kept for the tuning process's life)
+_FLUSH_GRAPHS: dict = {}
+
+
+def _flush_graph(device: torch.device):
+    """``(flush, graph)``: the GRAPH_FLUSH_BYTES buffer every graph-timed call flushes L2 with, and a graph of
+    GRAPH_CALLS flushes alone (the part :meth:`Timer._gpu_graph` subtracts)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()  # cuda == cuda:N
+    hit = _FLUSH_GRAPHS.get(index)
+    if hit is None:
+        flush = torch.empty(GRAPH_FLUSH_BYTES, dtype=torch.int8, device=device)
+        flush.zero_()
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_CALLS):
+                flush.zero_()
+        hit = _FLUSH_GRAPHS.setdefault(index, (flush, graph))
+    return hit
 
 
 def graph_timed(problem) -> bool:
@@ -167,6 +190,8 @@ class Timer:
         self.last_contention: Optional[float] = None
         #: the largest :attr:`last_contention` of this timer's measurements (None: never known)
         self.contention: Optional[float] = None
+        #: graph timing: id(fn) -> (fn, its captured graph or None), :meth:`_work_graph`
+        self._graphs: Dict[int, Tuple[Callable[[], None], Optional["torch.cuda.CUDAGraph"]]] = {}
 
     def round(self, fn: Callable[[], None], grad_to_none: list, rounds: int) -> float:
         """One round of a confirmation (:mod:`attntune.autotune.confirm`): a ``1/rounds`` share of a full
@@ -217,33 +242,26 @@ class Timer:
 
     def _gpu_graph(self, fn, replays: int) -> float:
         """Median per-call device time (ms) of ``fn`` captured GRAPH_CALLS times in one CUDA graph, each
-        call after an L2 flush, minus the flush alone. Falls back to eager events if capture fails."""
+        call after an L2 flush, minus the flush alone. Falls back to eager events if capture fails.
+
+        The timer keeps what it captured (:meth:`_work_graph`, :func:`_flush_graph`): the cheap timing,
+        the full one and a confirmation's rounds of the same call replay one capture instead of capturing
+        anew. Each capture empties the allocator's cache (``torch.cuda.graph``) and costs a warm-up, a
+        capture and an instantiation — host time a decode key paid four times per config before."""
         dev = self.device
         torch.cuda.synchronize(dev)
         with torch.cuda.device(dev):
-            flush = torch.empty(GRAPH_FLUSH_BYTES, dtype=torch.int8, device=dev)
             try:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):  # warm-up off the capture stream, as torch requires
-                    for _ in range(2):
-                        flush.zero_()
-                        fn()
-                torch.cuda.current_stream().wait_stream(side)
-                work, flush_only = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-                with torch.cuda.graph(work):
-                    for _ in range(GRAPH_CALLS):
-                        flush.zero_()
-                        fn()
-                with torch.cuda.graph(flush_only):
-                    for _ in range(GRAPH_CALLS):
-                        flush.zero_()
+                flush, flush_only = _flush_graph(dev)
+                work = self._work_graph(fn, flush)
             except Exception:  # noqa: BLE001 — not capturable: measure eagerly instead
+                work = None
+            if work is None:
                 torch.cuda.synchronize(dev)
                 return self._gpu_events(fn, [], reps=max(3, self.opt.gpu_cheap_reps))
 
             def per_replay(g) -> List[float]:
-                g.replay()  # first replay uploads the graph
+                g.replay()  # warm: the first replay of a graph uploads it; later ones warm the caches
                 out = []
                 for _ in range(replays):
                     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -256,8 +274,35 @@ class Timer:
 
             total = statistics.median(per_replay(work))
             base = statistics.median(per_replay(flush_only))
-            del work, flush_only
         return max(total - base, 1e-6) / GRAPH_CALLS
+
+    def _work_graph(self, fn, flush: torch.Tensor):
+        """The CUDA graph of GRAPH_CALLS ``(flush, fn)`` pairs, captured on the first call for ``fn`` and
+        kept for this timer's later calls with the same ``fn`` (up to GRAPH_KEEP of them, oldest dropped
+        first); None when ``fn`` cannot be captured (remembered too: a second attempt would fail again)."""
+        key = id(fn)
+        hit = self._graphs.get(key)
+        if hit is not None and hit[0] is fn:  # the function itself is kept, so its id is never reused
+            return hit[1]
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up off the capture stream, as torch requires
+                for _ in range(2):
+                    flush.zero_()
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            work = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(work):
+                for _ in range(GRAPH_CALLS):
+                    flush.zero_()
+                    fn()
+        except Exception:  # noqa: BLE001 — host synchronisation inside, an unsupported op, ...
+            work = None
+        while len(self._graphs) >= GRAPH_KEEP:
+            self._graphs.pop(next(iter(self._graphs)))
+        self._graphs[key] = (fn, work)
+        return work
 
     def _gpu_events(self, fn, grad_to_none, reps: int) -> float:
         """Median device ms of ``reps`` calls, each timed by events after an L2 flush (as do_bench does: K/V

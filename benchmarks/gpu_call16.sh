@@ -6,11 +6,19 @@
 #   PART=regret   any card: gpu_call15.sh's regret part without fidelity (RUN_S), $OUT/regret_<card>.json.
 #   PART=tunetime any card: bench_tune_time.py (the same keys tuned with cold then warm Triton/inductor caches,
 #                 per-trial durations from the optuna storage, a cProfiled warm run).
+# Every part first runs benchmarks/probe_graph_timer.py (PROBE_S seconds, 0: skipped): the decode timer's kept
+# captures against a capture per measurement, side by side ($OUT/probe_graph_timer_<card>.json).
 # JSON and logs under $OUT.
 set -u
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
 H200=0; echo "$GPU" | grep -q H200 && H200=1
+CARD=h100; [ $H200 = 1 ] && CARD=h200
+if [ "${PROBE_S:-45}" != 0 ]; then
+  timeout $(( ${PROBE_S:-45} + 30 )) python3 benchmarks/probe_graph_timer.py --time-limit ${PROBE_S:-45} \
+      --out "$OUT/probe_graph_timer_$CARD.json" > "$OUT/probe_graph_timer.log" 2>&1
+  echo "probe_graph_timer rc=$? ($(( $(date +%s) - T0 )) s)"; tail -4 "$OUT/probe_graph_timer.log" | cut -c1-400
+fi
 case ${PART:-tunetime} in
   cache)
     if [ $H200 = 1 ]; then

@@ -186,3 +186,34 @@ def test_gpu_event_timer_bills_device_time_not_host_gaps():
     cycles = int(timing._SLEEP_CYCLES_PER_S[dev] * 2e-4)
     busy = timer.full(lambda: torch.cuda._sleep(cycles), [])
     assert 0.17 < busy < 0.4, busy  # loose above: other test workers share the GPU
+
+
+@pytest.mark.gpu
+def test_gpu_graph_timer_keeps_its_captures_and_times_the_call():
+    """Graph timing captures a call once per timer: the cheap timing, the full one and later rounds replay
+    the same graph (and one flush-only graph per device), at most GRAPH_KEEP calls' graphs are kept (oldest
+    dropped), and the time is the call's device time with the flush subtracted: a 0.1 ms spin reads
+    0.1 ms whether its graph was just captured or kept."""
+    dev = torch.device("cuda")
+    timing.hold_cycles(dev, 0.0)
+    cycles = int(timing._SLEEP_CYCLES_PER_S[dev] * 1e-4)
+    timer = Timer(dev, TimingOptions(), graphs=True)
+
+    def spin():
+        torch.cuda._sleep(cycles)
+
+    first = timer.cheap(spin, [])
+    graph = timer._graphs[id(spin)][1]
+    flush = timing._FLUSH_GRAPHS[torch.cuda.current_device()]
+    assert graph is not None
+    full = timer.full(spin, [])
+    assert timer.round(spin, [], 5) > 0
+    assert timer._graphs[id(spin)][1] is graph and timing._FLUSH_GRAPHS[torch.cuda.current_device()] is flush
+    for ms in (first, full):
+        assert 0.08 < ms < 0.2, ms  # loose above: other test workers share the GPU
+    others = [lambda: torch.cuda._sleep(cycles) for _ in range(timing.GRAPH_KEEP)]
+    for fn in others:
+        timer.cheap(fn, [])
+    assert len(timer._graphs) == timing.GRAPH_KEEP and id(spin) not in timer._graphs
+    fresh = Timer(dev, TimingOptions(), graphs=True).full(spin, [])  # a new timer captures anew
+    assert 0.08 < fresh < 0.2, fresh
