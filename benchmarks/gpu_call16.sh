@@ -7,7 +7,8 @@
 #   PART=tunetime any card: bench_tune_time.py (the same keys tuned with cold then warm Triton/inductor caches,
 #                 per-trial durations from the optuna storage, a cProfiled warm run).
 # Every part first runs benchmarks/probe_graph_timer.py (PROBE_S seconds, 0: skipped): the decode timer's kept
-# captures against a capture per measurement, side by side ($OUT/probe_graph_timer_<card>.json).
+# captures against a capture per measurement, side by side ($OUT/probe_graph_timer_<card>.json), after the
+# timer's GPU tests (tests/test_confirm.py -m gpu).
 # JSON and logs under $OUT.
 set -u
 T0=$(date +%s)
@@ -15,6 +16,8 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $
 H200=0; echo "$GPU" | grep -q H200 && H200=1
 CARD=h100; [ $H200 = 1 ] && CARD=h200
 if [ "${PROBE_S:-45}" != 0 ]; then
+  timeout 90 python3 -m pytest -q -m gpu tests/test_confirm.py -p no:cacheprovider > "$OUT/gpu_tests_timer.log" 2>&1
+  echo "timer gpu tests rc=$? ($(( $(date +%s) - T0 )) s)"; tail -2 "$OUT/gpu_tests_timer.log" | cut -c1-300
   timeout $(( ${PROBE_S:-45} + 30 )) python3 benchmarks/probe_graph_timer.py --time-limit ${PROBE_S:-45} \
       --out "$OUT/probe_graph_timer_$CARD.json" > "$OUT/probe_graph_timer.log" 2>&1
   echo "probe_graph_timer rc=$? ($(( $(date +%s) - T0 )) s)"; tail -4 "$OUT/probe_graph_timer.log" | cut -c1-400
