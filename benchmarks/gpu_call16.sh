@@ -4,6 +4,7 @@
 #                 no --force: valid rows are kept) into $OUT/cache.db, then the fidelity of every valid H200 row of
 #                 that cache in a fresh process (regret.py with no keys, FID_S seconds). Other cards: skipped.
 #   PART=regret   any card: gpu_call15.sh's regret part without fidelity (RUN_S), $OUT/regret_<card>.json.
+#   PART=none     the timer's GPU tests and the probe below only.
 #   PART=tunetime any card: bench_tune_time.py (the same keys tuned with cold then warm Triton/inductor caches,
 #                 per-trial durations from the optuna storage, a cProfiled warm run).
 # Every part first runs benchmarks/probe_graph_timer.py (PROBE_S seconds, 0: skipped): the decode timer's kept
