@@ -55,6 +55,15 @@ def bench_module(name: str):
         sys.path.remove(path)
 
 
+def doctest_results(fn) -> list:
+    """``(examples, failed)`` for each doctest in ``fn``'s docstring, run with ``fn`` in its globals (a
+    benchmark's doctests run only through a test: ``benchmarks/`` is outside pytest's ``testpaths``)."""
+    import doctest
+
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
+    return [(len(t.examples), runner.run(t).failed) for t in finder.find(fn, fn.__name__, globs={fn.__name__: fn})]
+
+
 def compiled_generate(model, ids, kw: dict, backend="eager", runs: int = 2):
     """transformers' automatic compilation of the static-cache decode step, forced on the CPU (it compiles on
     CUDA/XPU only unless told), with dynamo ``backend`` (a callable backend takes no mode): ``runs`` generates

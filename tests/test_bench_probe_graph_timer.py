@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 
 import pytest
 import torch
 
-from helpers import bench_module
+from helpers import bench_module, doctest_results
 
 probe = bench_module("probe_graph_timer")
 
 
 def test_summary_examples():
-    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    tests = finder.find(probe.summarize, "summarize", globs={"summarize": probe.summarize})
-    assert tests and all(runner.run(t).failed == 0 for t in tests)
-    assert sum(len(t.examples) for t in tests) == 4
+    res = doctest_results(probe.summarize)
+    assert res and all(failed == 0 for _, failed in res)
+    assert sum(n for n, _ in res) == 4
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path: says it needs a CUDA GPU")

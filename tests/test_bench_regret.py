@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import bench_module
+from helpers import bench_module, doctest_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "regret.py"
@@ -226,17 +226,14 @@ def test_a_failing_key_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
 def test_regret_time_shares_and_family_order():
     """The examples in interleave_families' and reference_share's docstrings (the keys still to come keep
     their tune time; families interleave), plus a family set cut after any prefix still covers them all."""
-    import doctest
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("regret_under_test", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     for fn in (mod.interleave_families, mod.reference_share, mod._measured_share, mod._phase_totals):
-        finder = doctest.DocTestFinder()
-        runner = doctest.DocTestRunner()
-        for t in finder.find(fn, fn.__name__, globs={fn.__name__: fn}):
-            assert runner.run(t).failed == 0
+        for _, failed in doctest_results(fn):
+            assert failed == 0
     fams = [f for f, _ in mod.interleave_families(mod.KEY_SETS["families16"])]
     n = len(set(fams))
     assert sorted(set(fams[:n])) == sorted(set(fams)), fams  # the first len(families) keys cover every family

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import bench_module
+from helpers import bench_module, doctest_results
 
 from attntune.problem import AttentionProblem
 
@@ -126,9 +126,6 @@ def test_triton_candidates_of_a_reference_list_run_in_the_workers(precompile):
 
 def test_no_task_starts_that_would_end_past_the_deadline(precompile):
     """The examples in stop_starting's docstring."""
-    import doctest
-
-    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    tests = finder.find(precompile.stop_starting, "stop_starting", globs={"stop_starting": precompile.stop_starting})
-    assert tests and all(runner.run(t).failed == 0 for t in tests)
-    assert sum(len(t.examples) for t in tests) == 3
+    res = doctest_results(precompile.stop_starting)
+    assert res and all(failed == 0 for _, failed in res)
+    assert sum(n for n, _ in res) == 3
