@@ -12,8 +12,9 @@ for a CPU (:mod:`attntune.autotune.cpuwait`): a call during which they waited mo
 :data:`WAIT_SHARE` of its wall time holds another process's work and is set aside, and the timer keeps
 calling until it has enough undisturbed ones (within a bounded budget). When the CPU stays too busy for
 that, the measurement is the median of every call and says so (:attr:`Timer.last_contention`): the
-confirmation then counts the contention as noise, and the stored row as measured on a busy CPU. Both run the call exactly as the runtime does (``variant.run``); the gate has already
-run it once, so compilation (Triton JIT) never lands in a measurement.
+confirmation then counts the contention as noise, and the stored row as measured on a busy CPU.
+Both run the call exactly as the runtime does (``variant.run``); the gate has already run it
+once, so compilation (Triton JIT) never lands in a measurement.
 
 Early stop: :meth:`Timer.cheap` is a quick first measurement; the sweep drops a config whose cheap time
 is already more than ``PRUNE_RATIO`` times the best full time of the key (recorded as ``pruned``).
