@@ -231,7 +231,7 @@ def test_regret_time_shares_and_family_order():
     spec = importlib.util.spec_from_file_location("regret_under_test", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for fn in (mod.interleave_families, mod.reference_share, mod._measured_share, mod._phase_totals):
+    for fn in (mod.interleave_families, mod.reference_share, mod._measured_share, mod._phase_totals, mod._throttled):
         for _, failed in doctest_results(fn):
             assert failed == 0
     fams = [f for f, _ in mod.interleave_families(mod.KEY_SETS["families16"])]
@@ -318,3 +318,65 @@ def test_fidelity_summary_sets_throttled_rows_apart():
     assert s["fidelity_rows_throttled"] == 1 and s["max_fidelity_error_full_clock"] == 0.02
     none = regret.summarize([], [{"error_frac": 0.01}])
     assert none["fidelity_rows_throttled"] is None and none["max_fidelity_error_full_clock"] is None
+
+
+def test_fidelity_retimes_a_row_timed_on_a_throttled_card(tmp_path, monkeypatch):
+    """A row whose SM clock samples say the card throttled while it was re-timed is re-timed again (at most
+    RETIME_THROTTLED times); the throttled attempts stay in the row, the last one's figures count, and a row
+    timed at full clock is timed once. The decision reads the clock alone."""
+    import time
+
+    import torch
+
+    from attntune.cache import CacheStore, WinnerRecord, utcnow
+    from attntune.device import device_fingerprint, software_fingerprint
+    from attntune.kernels import registry
+    from attntune.key import TuneKey
+
+    regret = _regret_module()
+    clocks = {}  # key length -> the clock samples its successive attempts see
+
+    class Meter:
+        def __init__(self, sq):
+            self.sq = sq
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.result = {"sm_mhz": clocks[self.sq].pop(0)}
+
+    seen = []
+    real_row = regret._fidelity_row
+
+    def row_of(row, rec, problem, device, rounds):
+        seen.append(problem.seqlen_q)
+        monkeypatch.setattr(regret, "_meter", lambda device, period: Meter(problem.seqlen_q))
+        real_row(row, rec, problem, device, rounds)
+
+    monkeypatch.setattr(regret, "_fidelity_row", row_of)
+    monkeypatch.setattr(regret, "COOL_S", 0.0)
+    st = CacheStore(str(tmp_path / "c.db"))
+    full, low = [1980, 1980, 1980], [1785, 1830, 1980]
+    for sq, cl in ((64, [full]), (48, [low, full]), (32, [low, low, low, full])):
+        p = regret._p(2, 4, 4, sq, sq, 32, dtype="float32", device="cpu", causal=True)
+        key = TuneKey.from_problem(p, device_fingerprint("cpu"))
+        assert key.representative().seqlen_q == sq
+        clocks[sq] = cl
+        rec = WinnerRecord(key=key, variant="sdpa_math", config={}, median_ms=0.5, sdpa_default_ms=0.25,
+                           fingerprint=software_fingerprint(registry.get("sdpa_math").source_hash(), "cpu"),
+                           created_at=utcnow())
+        assert st.upsert_winner(rec)
+    st.dispose()
+    rows = regret.fidelity(str(tmp_path / "c.db"), torch.device("cpu"), time.time() + 120, rounds=1)
+    by = {int(r["key"].split("S")[1].split("x")[0]): r for r in rows}
+    assert sorted(seen) == sorted([64, 48, 48] + [32] * (1 + regret.RETIME_THROTTLED))
+    assert "throttled_attempts" not in by[64] and by[64]["sm_mhz"] == full
+    (a,) = by[48]["throttled_attempts"]
+    assert a["sm_mhz"] == low and a["now_ms"] > 0 and "relative_error" in a
+    assert by[48]["sm_mhz"] == full and by[48]["now_ms"] > 0
+    # never throttle-free within the retries: the last (throttled) attempt counts and says so
+    assert len(by[32]["throttled_attempts"]) == regret.RETIME_THROTTLED and by[32]["sm_mhz"] == low
+    s = regret.summarize([], rows)
+    assert s["fidelity_rows_retimed_after_throttle"] == 2 and s["fidelity_rows_throttled"] == 1
+    assert s["max_fidelity_error_full_clock"] == max(abs(by[k]["error_frac"]) for k in (64, 48))
