@@ -15,7 +15,7 @@ set -u
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
 H200=0; echo "$GPU" | grep -q H200 && H200=1
-CARD=h100; [ $H200 = 1 ] && CARD=h200
+CARD=$(echo "$GPU" | grep -oiE 'h200|h100|a100|l40s|mi[0-9]+' | head -1 | tr 'A-Z' 'a-z'); CARD=${CARD:-gpu}  # names the output files
 if [ "${PROBE_S:-45}" != 0 ]; then
   timeout 90 python3 -m pytest -q -m gpu tests/test_confirm.py -p no:cacheprovider > "$OUT/gpu_tests_timer.log" 2>&1
   echo "timer gpu tests rc=$? ($(( $(date +%s) - T0 )) s)"; tail -2 "$OUT/gpu_tests_timer.log" | cut -c1-300
