@@ -3,6 +3,7 @@
 #   PART=cache    H200: re-tune the shipped cache's stale H200 rows (the fp8 suite's two FP8-KV prefill keys;
 #                 no --force: valid rows are kept) into $OUT/cache.db, then the fidelity of every valid H200 row of
 #                 that cache in a fresh process (regret.py with no keys, FID_S seconds). Other cards: skipped.
+#                 THEN_REGRET_TOTAL_S=N: then the regret part in what is left of N seconds (H200).
 #   PART=regret   any card: gpu_call15.sh's regret part without fidelity (RUN_S), $OUT/regret_<card>.json.
 #   PART=none     the timer's GPU tests and the probe below only.
 #   PART=tunetime any card: bench_tune_time.py (the same keys tuned with cold then warm Triton/inductor caches,
@@ -30,6 +31,13 @@ case ${PART:-tunetime} in
       timeout $(( ${FID_S:-180} + 40 )) python3 benchmarks/regret.py --keys "" --fidelity "$OUT/cache.db" \
           --fidelity-share 1.0 --time-limit ${FID_S:-180} --out "$OUT/fidelity_h200.json" > "$OUT/fidelity.log" 2>&1
       echo "fidelity rc=$? ($(( $(date +%s) - T0 )) s)"; tail -4 "$OUT/fidelity.log" | cut -c1-400
+      # THEN_REGRET_TOTAL_S: the call's whole wall budget; what the cache and fidelity left goes to the regret
+      # part (from FIRST_KEY, MAX_CONFIGS) when that is at least 120 s (60 s kept for its start and exit)
+      if [ -n "${THEN_REGRET_TOTAL_S:-}" ]; then
+        R=$(( THEN_REGRET_TOTAL_S - ($(date +%s) - T0) - 60 ))
+        if [ $R -ge 120 ]; then PART=regret FIDELITY=0 RUN_S=$R bash benchmarks/gpu_call15.sh
+        else echo "regret skipped: $R s left"; fi
+      fi
     else echo "not an H200: cache skipped"; fi ;;
   regret) PART=regret FIDELITY=0 ANY_CARD=1 bash benchmarks/gpu_call15.sh ;;
   tunetime)
