@@ -11,7 +11,10 @@ interleaved, with the tuner's timer: regret = t(budgeted) / t(reference) - 1 (0 
 config). Where the grid was sampled, the regret is against the best *sampled* config: a lower bound of
 the regret against the full grid. Keys run with their families interleaved, and every key's reference
 search gets an equal share of the time left (``--time-limit``) after the budgeted tunes still to come
-(estimated by the mean so far), so every family is reached within one call; the configs are measured
+(estimated by the mean so far), so every family is reached within one call — of the keys still to come,
+those that fit (a tune and ``MIN_REFERENCE_S`` of reference each): when the call is too short for all of them,
+the first ones get real searches and a key that no longer fits is not tuned at all (``time limit``; resume it
+with ``--first-key``), instead of every key tuned and none left a reference; the configs are measured
 budgeted winner and defaults first, then every variant's sample round-robin in random order, so a search
 that runs out of its share has measured an unbiased part of each variant's sample
 (``reference_unmeasured`` says how many were left; its regret is again a lower bound). Each row says how
@@ -91,6 +94,10 @@ RETIME_RESERVE_S = 3.0
 # measuring a compiled config takes 0.25-0.5 s (first load, gate, cheap and full timing), so the search
 # can measure about what a third of its share compiles.
 PRECOMPILE_SHARE = 0.3
+#: the least reference search (s) a tuned key is given: a key's budgeted tune is only worth its seconds with a
+#: reference to compare (an H100 run of 280 s over 9 keys, 2026-12-07, tuned 4 keys for 14-46 s each whose
+#: equal shares came to 0 s: "no reference config ran"); the H100 measured 2-18 configs in 3-12 s a key
+MIN_REFERENCE_S = 8.0
 
 
 def _p(b, hq, hkv, sq, skv, d, dtype="bfloat16", device="cuda", **kw):
@@ -186,20 +193,51 @@ def interleave_families(keys: List[Tuple[str, AttentionProblem]]) -> List[Tuple[
     return out
 
 
+def keys_that_fit(left_s: float, keys_left: int, tune_s: float) -> int:
+    """Of the ``keys_left`` keys (the current one first, its budgeted tune done), how many can still get
+    their reference search of at least ``MIN_REFERENCE_S`` and a retime, each key after the current one also
+    a budgeted tune of ``tune_s``: at least 1 (the current key), at most ``keys_left``.
+
+    >>> keys_that_fit(100.0, 4, 10.0)   # 11 s for this key, then 21 s a key: all 4 fit
+    4
+    >>> keys_that_fit(60.0, 9, 30.0)    # this key and one more
+    2
+    >>> keys_that_fit(5.0, 9, 30.0)     # the current key is always counted
+    1
+    """
+    per_key = tune_s + MIN_REFERENCE_S + RETIME_RESERVE_S
+    more = int(max(0.0, left_s - MIN_REFERENCE_S - RETIME_RESERVE_S) // per_key)
+    return max(1, min(keys_left, 1 + more))
+
+
 def reference_share(left_s: float, keys_left: int, tune_s: float) -> float:
     """Seconds of reference search for the current key (whose budgeted tune is done): an equal share of
-    the time left after the budgeted tunes of the ``keys_left - 1`` keys still to come (``tune_s`` each,
-    the mean so far) and the retimes of all ``keys_left``. Without that reserve the first keys' grids
-    took the time of the last keys' tunes, and the last families got no figure.
+    the time left after the budgeted tunes of the keys still to come that fit (:func:`keys_that_fit`;
+    ``tune_s`` each, the mean so far) and the retimes. Without that reserve the first keys' grids took the
+    time of the last keys' tunes, and the last families got no figure; reserving for keys that cannot fit
+    anyway left the first keys none (0 s shares while each key still paid its tune).
 
     >>> reference_share(100.0, 1, 10.0)      # the last key: everything but its retime
     97.0
     >>> reference_share(100.0, 4, 10.0)      # 100 - 3 x 10 - 4 x 3 = 58, over 4 keys
     14.5
-    >>> reference_share(20.0, 4, 10.0)       # nothing left for reference searches
-    0.0
+    >>> reference_share(20.0, 4, 10.0)       # no other key fits: this one gets what is left
+    17.0
+    >>> reference_share(240.0, 9, 32.0)      # 6 keys fit: (240 - 5 x 32 - 6 x 3) / 6
+    10.333333333333334
     """
-    return max(0.0, left_s - tune_s * (keys_left - 1) - RETIME_RESERVE_S * keys_left) / keys_left
+    k = keys_that_fit(left_s, keys_left, tune_s)
+    return max(0.0, left_s - tune_s * (k - 1) - RETIME_RESERVE_S * k) / k
+
+
+def worth_tuning(left_s: float, tune_s: List[float]) -> bool:
+    """Whether a key's budgeted tune should start with ``left_s`` seconds left: always for the first key
+    (no tune measured yet), else when the mean tune so far plus ``MIN_REFERENCE_S`` and a retime fit.
+
+    >>> worth_tuning(5.0, []), worth_tuning(45.0, [30.0]), worth_tuning(40.0, [20.0, 40.0])
+    (True, True, False)
+    """
+    return not tune_s or left_s >= statistics.mean(tune_s) + MIN_REFERENCE_S + RETIME_RESERVE_S
 
 
 def reference_search(problem, device, configs, prune: float, deadline: float) -> dict:
@@ -619,7 +657,7 @@ def _run(args, device, pre, t_start: float) -> None:
     for i, (family, p) in enumerate(keys):
         kid = TuneKey.from_problem(p, device_fingerprint(device)).key_id
         row = {"family": family, "key": p.short(), "key_id": kid}
-        if time.time() > deadline:
+        if time.time() > deadline or not worth_tuning(deadline - time.time(), tune_s):
             row["error"] = "time limit"
             doc["rows"].append(row)
             continue

@@ -231,9 +231,10 @@ def test_regret_time_shares_and_family_order():
     spec = importlib.util.spec_from_file_location("regret_under_test", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for fn in (mod.interleave_families, mod.reference_share, mod._measured_share, mod._phase_totals, mod._throttled):
-        for _, failed in doctest_results(fn):
-            assert failed == 0
+    for fn in (mod.interleave_families, mod.reference_share, mod.keys_that_fit, mod.worth_tuning, mod._measured_share,
+               mod._phase_totals, mod._throttled):
+        results = doctest_results(fn)
+        assert results and all(n > 0 and failed == 0 for n, failed in results), fn.__name__
     fams = [f for f, _ in mod.interleave_families(mod.KEY_SETS["families16"])]
     n = len(set(fams))
     assert sorted(set(fams[:n])) == sorted(set(fams)), fams  # the first len(families) keys cover every family
@@ -380,3 +381,23 @@ def test_fidelity_retimes_a_row_timed_on_a_throttled_card(tmp_path, monkeypatch)
     s = regret.summarize([], rows)
     assert s["fidelity_rows_retimed_after_throttle"] == 2 and s["fidelity_rows_throttled"] == 1
     assert s["max_fidelity_error_full_clock"] == max(abs(by[k]["error_frac"]) for k in (64, 48))
+
+
+def test_a_call_too_short_for_every_key_gives_the_keys_it_tunes_a_reference():
+    """Replay of the H100 run of 2026-12-07 (280 s, 9 keys, budgeted tunes of 14-46 s): the equal shares then
+    reserved tune time for keys that could not fit and left 4 tuned keys 0 s of reference. Now every key but
+    the last one tuned gets at least MIN_REFERENCE_S, and a key that no longer fits is not tuned."""
+    regret = _regret_module()
+    tunes = [31.8, 14.2, 13.6, 13.8, 29.2, 46.4, 41.4, 18.3, 19.4]
+    t, seen, shares, skipped = 0.0, [], [], 0
+    for i, tune_s in enumerate(tunes):
+        if not regret.worth_tuning(270.0 - t, seen):
+            skipped += 1
+            continue
+        t += tune_s
+        seen.append(tune_s)
+        share = regret.reference_share(max(0.0, 270.0 - t), len(tunes) - i, sum(seen) / len(seen))
+        shares.append(share)
+        t += share + regret.RETIME_RESERVE_S
+    assert len(shares) >= 6 and skipped >= 1
+    assert all(s >= regret.MIN_REFERENCE_S for s in shares[:-1]), shares
