@@ -14,6 +14,7 @@ set -u
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
 H200=0; echo "$GPU" | grep -q H200 && H200=1
+CARD=$(echo "$GPU" | grep -oiE 'h200|h100|a100|l40s|mi[0-9]+' | head -1 | tr 'A-Z' 'a-z'); CARD=${CARD:-gpu}  # names the output files
 python3 - <<'PY' > "$OUT/environment.json"
 import json, sys; sys.path.insert(0, "benchmarks")
 from env import environment; print(json.dumps(environment(), indent=1))
@@ -21,7 +22,6 @@ PY
 case ${PART:-train} in
   regret)
     if [ $H200 = 1 ] || [ "${ANY_CARD:-0}" = 1 ]; then
-      CARD=$(echo "$GPU" | grep -oiE 'h200|h100|a100|l40s|mi[0-9]+' | head -1 | tr 'A-Z' 'a-z'); CARD=${CARD:-gpu}
       FID="--fidelity cache.db --fidelity-share ${FID_SHARE:-0.3}"; [ "${FIDELITY:-1}" = 0 ] && FID=""
       timeout $(( ${RUN_S:-480} + 60 )) python3 benchmarks/regret.py --keys "${KEYS-families16}" $FID --max-configs ${MAX_CONFIGS:-48} --first-key ${FIRST_KEY:-0} --families "${FAMILIES:-}" \
           --time-limit ${RUN_S:-480} --out "$OUT/regret_$CARD.json" > "$OUT/regret.log" 2>&1
@@ -29,7 +29,6 @@ case ${PART:-train} in
     else echo "not an H200: regret skipped"; fi ;;
   generate)
     if [ $H200 = 1 ] || [ "${ANY_CARD:-0}" = 1 ]; then
-      CARD=$(echo "$GPU" | grep -oiE 'h200|h100|a100|l40s|mi[0-9]+' | head -1 | tr 'A-Z' 'a-z'); CARD=${CARD:-gpu}
       ATTNTUNE_CACHE="$OUT/gen.db" timeout ${RUN_S:-540} python3 benchmarks/bench_generate.py --protocol both \
           --repeats ${REPEATS:-2} --out "$OUT/generate_$CARD.json" > "$OUT/generate.log" 2>&1
       echo "generate rc=$? ($(( $(date +%s) - T0 )) s)"; tail -30 "$OUT/generate.log" | cut -c1-300
