@@ -383,6 +383,59 @@ def test_fidelity_retimes_a_row_timed_on_a_throttled_card(tmp_path, monkeypatch)
     assert s["max_fidelity_error_full_clock"] == max(abs(by[k]["error_frac"]) for k in (64, 48))
 
 
+def test_fidelity_retimes_a_row_throttled_from_its_first_sample(tmp_path, monkeypatch):
+    """The first row timed sees only a throttled clock (1785-1800 MHz), so by itself it looks like full clock;
+    the next row runs at 1980. After the pass the first row is judged again against the pass's highest clock
+    and re-timed once (whichever key the cache lists first)."""
+    import time
+
+    import torch
+
+    from attntune.cache import CacheStore, WinnerRecord, utcnow
+    from attntune.device import device_fingerprint, software_fingerprint
+    from attntune.kernels import registry
+    from attntune.key import TuneKey
+
+    regret = _regret_module()
+    low, full = [1785, 1790, 1800], [1980, 1980, 1980]
+    seen = []
+
+    class Meter:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.result = {"sm_mhz": low if len(seen) == 1 else full}
+
+    real_row = regret._fidelity_row
+
+    def row_of(row, rec, problem, device, rounds):
+        seen.append(problem.seqlen_q)
+        real_row(row, rec, problem, device, rounds)
+
+    monkeypatch.setattr(regret, "_meter", lambda device, period: Meter())
+    monkeypatch.setattr(regret, "_fidelity_row", row_of)
+    monkeypatch.setattr(regret, "COOL_S", 0.0)
+    st = CacheStore(str(tmp_path / "c.db"))
+    for sq in (40, 24):
+        p = regret._p(1, 2, 2, sq, sq, 16, dtype="float32", device="cpu", causal=False)
+        key = TuneKey.from_problem(p, device_fingerprint("cpu"))
+        rec = WinnerRecord(key=key, variant="sdpa_math", config={}, median_ms=0.5, sdpa_default_ms=0.25,
+                           fingerprint=software_fingerprint(registry.get("sdpa_math").source_hash(), "cpu"),
+                           created_at=utcnow())
+        assert st.upsert_winner(rec)
+    st.dispose()
+    rows = regret.fidelity(str(tmp_path / "c.db"), torch.device("cpu"), time.time() + 120, rounds=1)
+    assert len(seen) == 3 and seen[0] == seen[2] != seen[1]
+    by = {int(r["key"].split("S")[1].split("x")[0]): r for r in rows}
+    first, second = by[seen[0]], by[seen[1]]
+    (a,) = first["throttled_attempts"]
+    assert a["sm_mhz"] == low and first["sm_mhz"] == full and first["now_ms"] > 0
+    assert "throttled_attempts" not in second
+    s = regret.summarize([], rows)
+    assert s["fidelity_rows_retimed_after_throttle"] == 1 and s["fidelity_rows_throttled"] == 0
+
+
 def test_a_call_too_short_for_every_key_gives_the_keys_it_tunes_a_reference():
     """Replay of the H100 run of 2026-12-07 (280 s, 9 keys, budgeted tunes of 14-46 s): the equal shares then
     reserved tune time for keys that could not fit and left 4 tuned keys 0 s of reference. Now every key but
