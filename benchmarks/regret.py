@@ -560,12 +560,16 @@ def _clock_split(fid: List[dict]) -> dict:
 
 
 def merge(paths: List[str]) -> dict:
-    """One document from several runs (see the module doc): rows by key, later files winning."""
+    """One document from several runs (see the module doc): rows by key, later files winning — except that a
+    row without a regret (cut short, failed) never replaces one with a regret: a re-run that did not reach a
+    key's reference keeps the key's earlier figure."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
     by_key: Dict[str, Tuple[int, dict]] = {}
     for i, d in enumerate(docs):
         for r in d["rows"]:
-            by_key[r.get("key_id") or f'{r["family"]}:{r.get("key")}'] = (i, r)
+            k = r.get("key_id") or f'{r["family"]}:{r.get("key")}'
+            if "regret" in r or "regret" not in by_key.get(k, (0, {}))[1]:
+                by_key[k] = (i, r)
     rows = [r for _, r in by_key.values()]
     fid = next((d["fidelity"] for d in reversed(docs) if d.get("fidelity")), [])
     return {"benchmark": "regret", "environment": docs[-1]["environment"],

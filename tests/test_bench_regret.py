@@ -168,7 +168,8 @@ def test_families_filter_keeps_only_the_named_families(tmp_path):
 
 def test_merge_takes_each_key_from_the_last_run_that_has_it(tmp_path):
     """A family re-run replaces its keys' rows; the keys a resumed run (``--first-key``) adds join the rows
-    of the run it continues instead of replacing that run's rows of the same families."""
+    of the run it continues instead of replacing that run's rows of the same families. A later row without a
+    regret (a key the re-run did not reach the reference of) keeps the earlier figure."""
     regret = _regret_module()
     env = {"torch": "x"}
     a = {"environment": env, "args": {"keys": "families16"}, "fidelity": [{"error_frac": 0.02}],
@@ -178,17 +179,20 @@ def test_merge_takes_each_key_from_the_last_run_that_has_it(tmp_path):
     b = {"environment": env, "args": {"families": "decode"}, "fidelity": [],
          "rows": [{"family": "decode", "key_id": "d1", "regret": 0.0}]}
     c = {"environment": env, "args": {"first_key": 3}, "fidelity": [],
-         "rows": [{"family": "decode", "key_id": "d3", "regret": 0.01}]}
+         "rows": [{"family": "decode", "key_id": "d3", "regret": 0.01},
+                  {"family": "training", "key_id": "t1", "error": "no reference config ran"},
+                  {"family": "fp32", "key_id": "f1", "error": "time limit"}]}
     paths = [tmp_path / n for n in ("a.json", "b.json", "c.json")]
     for pth, d in zip(paths, (a, b, c)):
         pth.write_text(json.dumps(d))
     out = tmp_path / "m.json"
     regret.main(["--merge", *map(str, paths), "--out", str(out)])
     doc = json.loads(out.read_text())
-    assert sorted(r["regret"] for r in doc["rows"]) == [0.0, 0.01, 0.04, 0.1]
+    assert sorted(r["regret"] for r in doc["rows"] if "regret" in r) == [0.0, 0.01, 0.04, 0.1]
     s = doc["summary"]
     assert s["keys"] == 4 and s["max_regret"] == 0.1 and s["max_fidelity_error"] == 0.02
-    assert [m["families"] for m in doc["merged_from"]] == [["decode", "training"], ["decode"], ["decode"]]
+    assert {r["key_id"]: r.get("error") for r in doc["rows"]}["f1"] == "time limit"  # no earlier row: kept
+    assert [m["families"] for m in doc["merged_from"]] == [["decode", "training"], ["decode"], ["decode", "fp32"]]
     assert [m["fidelity"] for m in doc["merged_from"]] == [True, False, False]
 
 
