@@ -4,6 +4,7 @@ nearest buckets and heuristics — and ``attntune tune --revalidate`` re-times t
 
 from __future__ import annotations
 
+import json
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -70,6 +71,34 @@ def test_show_and_doctor_name_hints(shipped, tmp_path):
     assert show.exit_code == 0 and "used as a hint" in show.output, show.output
     doctor = runner.invoke(app, ["doctor"])
     assert "1 stale rows were tuned under other" in doctor.output, doctor.output
+
+
+def test_doctor_counts_rows_of_other_devices_apart(tmp_path, monkeypatch):
+    """The shipped cache as a CPU machine sees it: GPU rows (stale here by versions, same sources) are neither
+    listed one by one nor counted as hints — dispatch on this device never reads them — but counted per
+    device in one line; this device's own hint still is."""
+    path = tmp_path / "shipped.db"
+    st = CacheStore(path)
+    st.upsert_winner(old_record(problem(64)))
+    here = old_record(problem(128))
+    for i, name in enumerate(("NVIDIA H200", "NVIDIA H200", "NVIDIA H100")):
+        gpu = here.key.device.model_copy(update={"backend": "cuda", "arch": "sm_90", "name": name, "units": 132})
+        key = here.key.model_copy(update={"device": gpu, "seqlen_q": 128 + i})
+        assert st.upsert_winner(here.model_copy(update={"key": key}))
+    st.prepare_for_shipping()
+    st.dispose()
+    monkeypatch.setenv("ATTNTUNE_SYSTEM_CACHE", str(path))
+    monkeypatch.setenv("ATTNTUNE_CACHE", str(tmp_path / "user.db"))
+    res = CliRunner().invoke(app, ["doctor", "--json"])
+    [system] = [c for c in json.loads(res.stdout)["caches"] if c["layer"] == "system"]
+    assert (system["rows"], system["stale"], system["hints"]) == (4, 4, 1), system
+    assert system["other_devices"] == {"sm_90 NVIDIA H100 (132 units)": 1, "sm_90 NVIDIA H200 (132 units)": 2}
+    assert len(system["problems"]) == 1
+    text = " ".join(CliRunner().invoke(app, ["doctor"]).stdout.split())
+    assert "1 stale rows were tuned under other" in text, text
+    assert ("3 rows of other devices (sm_90 NVIDIA H100 (132 units): 1, sm_90 NVIDIA H200 (132 units): 2): "
+            "not used on this device") in text, text
+    attntune.reset()
 
 
 def test_revalidate_promotes_hints_into_the_user_cache(shipped, tmp_path, monkeypatch):

@@ -231,15 +231,16 @@ def import_cmd(
         raise CliError(f"{file}: every record was rejected; nothing imported")
 
 
-def _layer_reports(layers, rows, user_url: str, explicit: bool) -> List[Dict[str, Any]]:
+def _layer_reports(layers, rows, user_url: str, explicit: bool, fp=None) -> List[Dict[str, Any]]:
     """One entry per configured cache layer, in lookup order (user, system): ``state`` ok (with row
     counts and every problem row), unusable (with the reason), or absent (with why). ``explicit``: the
-    user cache was named by --cache."""
+    user cache was named by --cache. With ``fp`` (this device), rows of other devices are counted apart
+    (see :func:`_layer_entry`)."""
     by_layer: Dict[str, list] = {}
     for r in rows:
         by_layer.setdefault(r.origin, []).append(r)
     failures = {f.label: f for f in layer_failures(layers)}  # a failure beats an opened-then-unreadable layer
-    out = [_layer_entry(label, st.url, "ok", rows=by_layer.get(label, []))
+    out = [_layer_entry(label, st.url, "ok", rows=by_layer.get(label, []), fp=fp)
            for label, st in layers.layers if label not in failures]
     out += [_layer_entry(f.label, f.url, "unusable", reason=f.reason) for f in failures.values()]
     if user_layer_missing(layers):  # named by --cache: a typo, not a fresh machine
@@ -252,16 +253,33 @@ def _layer_reports(layers, rows, user_url: str, explicit: bool) -> List[Dict[str
 
 
 def _layer_entry(label: str, url: Optional[str], state: str, reason: Optional[str] = None,
-                 rows: Optional[list] = None) -> Dict[str, Any]:
+                 rows: Optional[list] = None, fp=None) -> Dict[str, Any]:
     """A layer as doctor reports it (counts are None unless the layer was read). ``readonly`` is the
-    layer's role: the shipped system cache is never written."""
+    layer's role: the shipped system cache is never written.
+
+    With ``fp`` (this device), the rows of devices of another backend or architecture — which dispatch
+    here never reads, not even as sibling rows — are counted per device in ``other_devices`` instead of
+    being listed one by one in ``problems`` (judged against this machine's software they all read
+    "stale", which says nothing about them); ``hints`` counts only this device's rows, the only hints
+    dispatch here uses."""
+    rows_here, other = list(rows or []), Counter()
+    if fp is not None:
+        rows_here = []
+        for r in rows or []:
+            d = r.record.key.device if r.record is not None else None
+            if d is not None and (d.backend, d.arch) != (fp.backend, fp.arch):
+                other[d.label()] += 1
+            else:
+                rows_here.append(r)
     n = Counter(r.status for r in rows or [])
     return {"layer": label, "url": url, "state": state, "reason": reason, "readonly": label != "user",
             "rows": None if rows is None else len(rows), **{s: None if rows is None else n[s] for s in STATUSES},
-            "hints": None if rows is None else sum(r.hint for r in rows),
+            "other_devices": None if rows is None else dict(sorted(other.items())),
+            "hints": None if rows is None else sum(r.hint for r in rows_here
+                                                   if fp is None or r.record.key.device == fp),
             "busy": None if rows is None else sum(1 for r in rows if r.status == "valid" and r.record is not None
                                                   and r.record.measured_busy),
-            "problems": [f"{r.key_id}: {r.status}: {'; '.join(r.reasons)}" for r in rows or []
+            "problems": [f"{r.key_id}: {r.status}: {'; '.join(r.reasons)}" for r in rows_here
                          if r.status != "valid"]}
 
 
@@ -292,6 +310,11 @@ def _print_layers(caches: List[Dict[str, Any]], show_all: bool) -> None:
             console.print(f"  [yellow]{c['layer']}[/yellow] {escape(p)}")
         if len(shown) < len(c["problems"]):
             console.print(f"  {more_line(len(c['problems']) - len(shown))}")
+        other = c.get("other_devices")
+        if other:  # one line, not one per row: dispatch on this device never reads them
+            console.print(f"  [yellow]{c['layer']}[/yellow] {sum(other.values())} rows of other devices ("
+                          + escape(", ".join(f"{n}: {k}" for n, k in other.items()))
+                          + "): not used on this device")
 
 
 def _fail_on_unusable(caches: List[Dict[str, Any]]) -> None:
@@ -358,7 +381,7 @@ def doctor(
     fp = device_fingerprint(dev)
     sw = software_fingerprint(device_type=dev.type)
     layers, rows = read_layers(cache, True, strict=False, effective=False)
-    caches = _layer_reports(layers, rows, cache or user_cache_url(), explicit=cache is not None)
+    caches = _layer_reports(layers, rows, cache or user_cache_url(), explicit=cache is not None, fp=fp)
     dtype = "bfloat16" if dev.type == "cuda" else "float32"
     probes = {
         "prefill": AttentionProblem(batch=1, heads_q=8, heads_kv=8, seqlen_q=1024, seqlen_kv=1024, head_dim=64,
