@@ -96,6 +96,8 @@ def test_doctor_counts_rows_of_other_devices_apart(tmp_path, monkeypatch):
     assert len(system["problems"]) == 1
     text = " ".join(CliRunner().invoke(app, ["doctor"]).stdout.split())
     assert "1 stale rows were tuned under other" in text, text
+    show = " ".join(CliRunner().invoke(app, ["show", "--status", "all"]).stdout.split())
+    assert show.count("used as a hint") == 1 and show.count("another device: not used here") == 3, show
     assert ("3 rows of other devices (sm_90 NVIDIA H100 (132 units): 1, sm_90 NVIDIA H200 (132 units): 2): "
             "not used on this device") in text, text
     attntune.reset()

@@ -67,8 +67,9 @@ def show(
     table = Table(title=f"attntune winners ({len(rows)} rows, status={status})", show_lines=False)
     for col in ("key", "arch", "variant", "config", "time", "TFLOP/s", "vs SDPA", "runner-up", "status", "from"):
         table.add_column(col, overflow="fold")
+    here = _here()
     for r in rows:
-        table.add_row(*map(escape, _show_cells(r)))  # cached text is data, never rich markup
+        table.add_row(*map(escape, _show_cells(r, here)))  # cached text is data, never rich markup
     console.print(table)
     left_out = [r for r in matching if status != "all" and r.status != status]
     hidden = Counter(r.status for r in left_out)
@@ -92,11 +93,8 @@ def _elsewhere(rows) -> str:
     """How many of the rows ``show`` left out were tuned on other devices than this one (the shipped
     cache's GPU rows on a CPU machine: stale here by software versions, and of no use to this device anyway
     — except as a same-architecture *sibling*'s, see :func:`attntune.policies.index.CacheIndex.siblings`)."""
-    from attntune.device import default_device, device_fingerprint
-
-    try:
-        here = device_fingerprint(default_device())
-    except Exception:  # noqa: BLE001 — an informational line must never fail the command
+    here = _here()
+    if here is None:
         return ""
     names = Counter(r.record.key.device.name for r in rows if r.record is not None and r.record.key.device != here)
     if not names:
@@ -106,7 +104,32 @@ def _elsewhere(rows) -> str:
             + ", ".join(f"{name}: {c}" for name, c in sorted(names.items())) + ").")
 
 
-def _show_cells(r) -> List[str]:
+def _here():
+    """This machine's device fingerprint, or None where it cannot be read (informational uses only: they
+    must never fail a command)."""
+    from attntune.device import default_device, device_fingerprint
+
+    try:
+        return device_fingerprint(default_device())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _status_cell(r, here) -> str:
+    """A row's status for ``show``: a stale row of this device says whether dispatch uses it as a hint; one
+    of a device of another backend or architecture says that it is not used here at all (its staleness is
+    judged against this machine's software, which says nothing about it)."""
+    if r.status == "valid":
+        return r.status
+    dev = r.record.key.device if r.record is not None else None
+    if dev is not None and here is not None and (dev.backend, dev.arch) != (here.backend, here.arch):
+        tag = " (another device: not used here)"
+    else:
+        tag = " (used as a hint)" if r.hint and (here is None or dev == here) else ""
+    return f"{r.status}{tag}: {'; '.join(r.reasons)}"
+
+
+def _show_cells(r, here=None) -> List[str]:
     rec = r.record
     if rec is None:
         return [r.key_id, "-", "-", "-", "-", "-", "-", "-", f"{r.status}: {'; '.join(r.reasons)}", r.origin]
@@ -117,8 +140,7 @@ def _show_cells(r) -> List[str]:
             rec.variant + (f" (rel error {rec.rel_error:.1e})" if lossy else ""), fmt_config(rec.config),
             fmt_ms(rec.median_ms, rec.spread, rec.measured_busy),
             f"{rec.tflops:.1f}" if rec.tflops else "-", f"{sp:.2f}x" if sp else "-", rec.runner_up or "-",
-            r.status if r.status == "valid" else
-            f"{r.status}{' (used as a hint)' if r.hint else ''}: {'; '.join(r.reasons)}", r.origin]
+            _status_cell(r, here), r.origin]
 
 
 @app.command("export")
