@@ -325,6 +325,27 @@ def test_fidelity_summary_sets_throttled_rows_apart():
     assert none["fidelity_rows_throttled"] is None and none["max_fidelity_error_full_clock"] is None
 
 
+def _fidelity_cache(tmp_path, problems) -> str:
+    """A cache of ``sdpa_math`` rows (0.5 ms, baseline 0.25 ms) for the CPU keys of ``problems``, whose
+    representative problems keep the problems' query lengths (the tests tell rows apart by them)."""
+    from attntune.cache import CacheStore, WinnerRecord, utcnow
+    from attntune.device import device_fingerprint, software_fingerprint
+    from attntune.kernels import registry
+    from attntune.key import TuneKey
+
+    path = str(tmp_path / "c.db")
+    st = CacheStore(path)
+    for p in problems:
+        key = TuneKey.from_problem(p, device_fingerprint("cpu"))
+        assert key.representative().seqlen_q == p.seqlen_q
+        rec = WinnerRecord(key=key, variant="sdpa_math", config={}, median_ms=0.5, sdpa_default_ms=0.25,
+                           fingerprint=software_fingerprint(registry.get("sdpa_math").source_hash(), "cpu"),
+                           created_at=utcnow())
+        assert st.upsert_winner(rec)
+    st.dispose()
+    return path
+
+
 def test_fidelity_retimes_a_row_timed_on_a_throttled_card(tmp_path, monkeypatch):
     """A row whose SM clock samples say the card throttled while it was re-timed is re-timed again (at most
     RETIME_THROTTLED times); the throttled attempts stay in the row, the last one's figures count, and a row
@@ -333,10 +354,6 @@ def test_fidelity_retimes_a_row_timed_on_a_throttled_card(tmp_path, monkeypatch)
 
     import torch
 
-    from attntune.cache import CacheStore, WinnerRecord, utcnow
-    from attntune.device import device_fingerprint, software_fingerprint
-    from attntune.kernels import registry
-    from attntune.key import TuneKey
 
     regret = _regret_module()
     clocks = {}  # key length -> the clock samples its successive attempts see
@@ -361,19 +378,11 @@ def test_fidelity_retimes_a_row_timed_on_a_throttled_card(tmp_path, monkeypatch)
 
     monkeypatch.setattr(regret, "_fidelity_row", row_of)
     monkeypatch.setattr(regret, "COOL_S", 0.0)
-    st = CacheStore(str(tmp_path / "c.db"))
     full, low = [1980, 1980, 1980], [1785, 1830, 1980]
-    for sq, cl in ((64, [full]), (48, [low, full]), (32, [low, low, low, full])):
-        p = regret._p(2, 4, 4, sq, sq, 32, dtype="float32", device="cpu", causal=True)
-        key = TuneKey.from_problem(p, device_fingerprint("cpu"))
-        assert key.representative().seqlen_q == sq
-        clocks[sq] = cl
-        rec = WinnerRecord(key=key, variant="sdpa_math", config={}, median_ms=0.5, sdpa_default_ms=0.25,
-                           fingerprint=software_fingerprint(registry.get("sdpa_math").source_hash(), "cpu"),
-                           created_at=utcnow())
-        assert st.upsert_winner(rec)
-    st.dispose()
-    rows = regret.fidelity(str(tmp_path / "c.db"), torch.device("cpu"), time.time() + 120, rounds=1)
+    clocks.update({64: [full], 48: [low, full], 32: [low, low, low, full]})
+    db = _fidelity_cache(tmp_path, [regret._p(2, 4, 4, sq, sq, 32, dtype="float32", device="cpu", causal=True)
+                                    for sq in clocks])
+    rows = regret.fidelity(db, torch.device("cpu"), time.time() + 120, rounds=1)
     by = {int(r["key"].split("S")[1].split("x")[0]): r for r in rows}
     assert sorted(seen) == sorted([64, 48, 48] + [32] * (1 + regret.RETIME_THROTTLED))
     assert "throttled_attempts" not in by[64] and by[64]["sm_mhz"] == full
@@ -395,10 +404,6 @@ def test_fidelity_retimes_a_row_throttled_from_its_first_sample(tmp_path, monkey
 
     import torch
 
-    from attntune.cache import CacheStore, WinnerRecord, utcnow
-    from attntune.device import device_fingerprint, software_fingerprint
-    from attntune.kernels import registry
-    from attntune.key import TuneKey
 
     regret = _regret_module()
     low, full = [1785, 1790, 1800], [1980, 1980, 1980]
@@ -420,16 +425,9 @@ def test_fidelity_retimes_a_row_throttled_from_its_first_sample(tmp_path, monkey
     monkeypatch.setattr(regret, "_meter", lambda device, period: Meter())
     monkeypatch.setattr(regret, "_fidelity_row", row_of)
     monkeypatch.setattr(regret, "COOL_S", 0.0)
-    st = CacheStore(str(tmp_path / "c.db"))
-    for sq in (40, 24):
-        p = regret._p(1, 2, 2, sq, sq, 16, dtype="float32", device="cpu", causal=False)
-        key = TuneKey.from_problem(p, device_fingerprint("cpu"))
-        rec = WinnerRecord(key=key, variant="sdpa_math", config={}, median_ms=0.5, sdpa_default_ms=0.25,
-                           fingerprint=software_fingerprint(registry.get("sdpa_math").source_hash(), "cpu"),
-                           created_at=utcnow())
-        assert st.upsert_winner(rec)
-    st.dispose()
-    rows = regret.fidelity(str(tmp_path / "c.db"), torch.device("cpu"), time.time() + 120, rounds=1)
+    db = _fidelity_cache(tmp_path, [regret._p(1, 2, 2, sq, sq, 16, dtype="float32", device="cpu")
+                                    for sq in (48, 24)])
+    rows = regret.fidelity(db, torch.device("cpu"), time.time() + 120, rounds=1)
     assert len(seen) == 3 and seen[0] == seen[2] != seen[1]
     by = {int(r["key"].split("S")[1].split("x")[0]): r for r in rows}
     first, second = by[seen[0]], by[seen[1]]
