@@ -297,8 +297,9 @@ def _layer_entry(label: str, url: Optional[str], state: str, reason: Optional[st
     return {"layer": label, "url": url, "state": state, "reason": reason, "readonly": label != "user",
             "rows": None if rows is None else len(rows), **{s: None if rows is None else n[s] for s in STATUSES},
             "other_devices": None if rows is None else dict(sorted(other.items())),
-            "hints": None if rows is None else sum(r.hint for r in rows_here
-                                                   if fp is None or r.record.key.device == fp),
+            # a hint has a record (a rejected row, maybe unreadable, never is one)
+            "hints": None if rows is None else sum(1 for r in rows_here
+                                                   if r.hint and (fp is None or r.record.key.device == fp)),
             "busy": None if rows is None else sum(1 for r in rows if r.status == "valid" and r.record is not None
                                                   and r.record.measured_busy),
             "problems": [f"{r.key_id}: {r.status}: {'; '.join(r.reasons)}" for r in rows_here

@@ -46,6 +46,8 @@ def test_a_row_nested_past_the_parsers_depth_is_rejected_alone(tmp_path, monkeyp
     res = runner.invoke(app, ["show", "--status", "all", "--cache", bad], env={"ATTNTUNE_SYSTEM_CACHE": good})
     assert res.exit_code == 0, res.output
     assert "valid" in res.stdout and "system" in res.stdout  # the key's healthy row, from the other layer
+    res = runner.invoke(app, ["doctor", "--cache", bad], env={"ATTNTUNE_SYSTEM_CACHE": good})
+    assert res.exit_code == 0 and "malformed row" in res.stdout, res.output  # listed, counted, no crash
     monkeypatch.setenv("ATTNTUNE_CACHE", bad)
     monkeypatch.setenv("ATTNTUNE_SYSTEM_CACHE", good)
     attntune.reset()
