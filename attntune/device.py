@@ -40,6 +40,11 @@ class DeviceFingerprint(BaseModel):
     def label(self) -> str:
         return f"{self.arch} {self.name} ({self.units} units)"
 
+    def same_arch(self, other: "DeviceFingerprint") -> bool:
+        """Whether ``other`` is this device or a *sibling* of it (same backend and architecture, any name or
+        unit count): the devices whose rows dispatch here may read (``TuneKey.arch_family``)."""
+        return (self.backend, self.arch) == (other.backend, other.arch)
+
 
 class SoftwareFingerprint(BaseModel):
     """Versions that a measured speed depends on. ``variant_hash`` is the source hash of the winner."""

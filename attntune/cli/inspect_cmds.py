@@ -122,7 +122,7 @@ def _status_cell(r, here) -> str:
     if r.status == "valid":
         return r.status
     dev = r.record.key.device if r.record is not None else None
-    if dev is not None and here is not None and (dev.backend, dev.arch) != (here.backend, here.arch):
+    if dev is not None and here is not None and not dev.same_arch(here):
         tag = " (another device: not used here)"
     else:
         tag = " (used as a hint)" if r.hint and (here is None or dev == here) else ""
@@ -289,7 +289,7 @@ def _layer_entry(label: str, url: Optional[str], state: str, reason: Optional[st
         rows_here = []
         for r in rows or []:
             d = r.record.key.device if r.record is not None else None
-            if d is not None and (d.backend, d.arch) != (fp.backend, fp.arch):
+            if d is not None and not d.same_arch(fp):
                 other[d.label()] += 1
             else:
                 rows_here.append(r)
@@ -376,7 +376,7 @@ def _device_rows(rows, fp) -> Dict[str, Any]:
         d = r.record.key.device
         if d == fp:
             mine += 1
-        elif (d.backend, d.arch) == (fp.backend, fp.arch):
+        elif d.same_arch(fp):
             sib[f"{d.name} ({d.units} units)"] += 1
     return {"this_device": mine, "siblings": dict(sorted(sib.items()))}
 
