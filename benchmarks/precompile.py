@@ -21,12 +21,22 @@ task runs: when its deadline passes it cancels the tasks not yet started and wai
 (terminating the pool if they outlast :attr:`Precompiler.DRAIN_S`). The pool lives across calls: its start
 (imports, a CUDA context per worker) is paid once. A first version terminated it at every deadline and
 restarted it for the next key: in a 120 s regret run (shares of 1-3 s) no task ever ran.
+
+Memory: each running task holds its key's inputs and reference (:func:`attntune.autotune.gate.prepare`: a
+B32 x 8192 decode key's took ~5.5 GiB). Twelve workers running B32 decode tasks at once ran the H100 out of
+memory (2026-12-07: 31 of 33 tasks failed, and one reference config of the timing process after them), so
+:meth:`Precompiler.compile` runs at most :func:`parallel_limit` tasks of a problem at once — what fits in
+``MEMORY_SHARE`` of the device's free memory at the larger of an estimate (:func:`footprint_estimate`) and the
+peak a task of that problem was measured to allocate — and a worker drops inputs larger than
+``KEEP_INPUTS_BYTES`` after each task instead of holding them while idle (the timing process needs that memory
+once ``compile`` returns).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import sys
 import time
 from pathlib import Path
@@ -76,6 +86,42 @@ def stop_starting(now: float, deadline: float, mean_task_s: float) -> bool:
     return now + mean_task_s >= deadline
 
 
+def footprint_estimate(problem) -> int:
+    """Bytes one worker may allocate for a task of ``problem`` before any was measured: its tensors (q, k, v,
+    the output; for ``fwd_bwd`` also dout and the three gradients) at 8 bytes an element — the gate's
+    reference runs in float64 where it is cheap (decode) and copies K/V chunks to it — twice over (the
+    reference's chunks and the candidate's temporaries), plus 256 MiB. Deliberately high: measured peaks
+    replace it (:meth:`Precompiler.compile`).
+
+    >>> from attntune.problem import AttentionProblem
+    >>> p = AttentionProblem(batch=32, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_kv=8192, head_dim=128,
+    ...                      head_dim_v=128, dtype="bfloat16", kv_lens=True)
+    >>> round(footprint_estimate(p) / 2**30, 1)   # GiB
+    8.3
+    """
+    b, hq, hkv = problem.batch, problem.heads_q, problem.heads_kv
+    q = b * hq * problem.seqlen_q * (problem.head_dim + problem.head_dim_v)  # q and the output
+    kv = b * hkv * problem.seqlen_kv * (problem.head_dim + problem.head_dim_v)
+    elems = (q + kv) * (2 if problem.mode == "fwd_bwd" else 1)  # gradients mirror the inputs
+    return int(elems * 8 * 2) + (256 << 20)
+
+
+def parallel_limit(free_bytes: Optional[int], footprint: int, workers: int, share: float) -> int:
+    """Tasks of one problem to run at once: as many as fit in ``share`` of ``free_bytes`` (the device's free
+    memory; None: not bounded, e.g. a CPU) at ``footprint`` bytes each, at least 1, at most ``workers``.
+
+    >>> parallel_limit(None, 10 << 30, 12, 0.5)
+    12
+    >>> parallel_limit(75 << 30, 8 << 30, 12, 0.5)   # a B32 x 8192 decode key on an H100
+    4
+    >>> parallel_limit(1 << 30, 8 << 30, 12, 0.5)    # even one does not fit: run them one by one
+    1
+    """
+    if free_bytes is None:
+        return workers
+    return max(1, min(workers, int(free_bytes * share) // max(1, footprint)))
+
+
 def _init(device: str, cancel) -> None:
     """Set the worker up: the device, its CUDA context and the imports every task needs (paid once per worker,
     while the pool starts, not by the first key's tasks). Never raises: a pool whose initializer raises
@@ -118,39 +164,65 @@ def _inputs(problem):
     return _worker_inputs[1]
 
 
-def _task(task: Task) -> Tuple[str, Optional[bool], float, Optional[str]]:
-    """Run one candidate once through the gate and once through its timed call; ``(variant, ok, seconds,
-    error)``; ``ok`` is None for a task cancelled before it started."""
+def _held_bytes() -> int:
+    """Bytes of the inputs this worker keeps between tasks (0: none)."""
+    if _worker_inputs is None:
+        return 0
+    import torch
+
+    def nbytes(x) -> int:
+        if isinstance(x, torch.Tensor):
+            return x.nbytes
+        return sum(map(nbytes, x)) if isinstance(x, (tuple, list)) else 0
+
+    return sum(map(nbytes, vars(_worker_inputs[1]).values()))
+
+
+def _task(job: Tuple[Task, int]) -> dict:
+    """Run one candidate (``job``: the task and the most input bytes the worker may keep after it) once
+    through the gate and once through its timed call. Returns ``name``, ``ok`` (None for a task cancelled
+    before it started), ``seconds``, ``error``, ``peak_bytes`` (the most the device allocator held during the
+    task, the kept inputs included; 0 off CUDA)."""
     import torch
 
     from attntune.autotune import gate
     from attntune.autotune.timing import make_call
     from attntune.kernels import registry
 
-    problem, name, cfg = task
+    global _worker_inputs
+    (problem, name, cfg), keep_bytes = job
+    res = {"name": name, "ok": False, "seconds": 0.0, "error": None, "peak_bytes": 0}
     if _worker_cancel is not None and _worker_cancel.is_set():
-        return name, None, 0.0, None  # cancelled: the caller's deadline passed before it started
+        return {**res, "ok": None}  # cancelled: the caller's deadline passed before it started
     if _worker_error:
-        return name, False, 0.0, _worker_error
+        return {**res, "error": _worker_error}
+    cuda = _worker_device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(_worker_device)
     t0 = time.perf_counter()
     try:
         variant = registry.get(name)
         with gate.key_numerics(problem):  # as the timing process prepares and runs it
             inp = _inputs(problem)
-            ok = gate.check(variant, cfg, inp).ok
-            if ok:
+            res["ok"] = gate.check(variant, cfg, inp).ok
+            if res["ok"]:
                 fn, _ = make_call(variant, cfg, inp, grads=problem.mode == "fwd_bwd")
                 fn()
-        if _worker_device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
-        return name, ok, time.perf_counter() - t0, None
     except Exception as e:  # noqa: BLE001 — the timing process compiles (and judges) it again
-        return name, False, time.perf_counter() - t0, f"{type(e).__name__}: {e}"[:300]
+        res.update(ok=False, error=f"{type(e).__name__}: {e}"[:300])
     finally:
+        res["seconds"] = time.perf_counter() - t0
+        if cuda:
+            res["peak_bytes"] = int(torch.cuda.max_memory_allocated(_worker_device))
+        if _held_bytes() > keep_bytes:
+            _worker_inputs = None  # too large to hold while idle (see the module doc)
         # Give the allocator's cached blocks back (the reference's chunks, the candidate's temporaries): 12
         # idle workers each holding them (6-7 GB each on an H100) ran the timing process out of memory.
-        if _worker_device is not None and _worker_device.type == "cuda":
+        if cuda:
             torch.cuda.empty_cache()
+    return res
 
 
 class Precompiler:
@@ -165,12 +237,35 @@ class Precompiler:
     #: seconds :meth:`start` waits for a first worker to answer
     START_S = 120.0
 
+    #: share of the device's free memory (read when :meth:`compile` starts) the running tasks may take: the
+    #: rest is the timing process's and the allocators' slack
+    MEMORY_SHARE = 0.5
+
+    #: a worker keeps a problem's inputs between tasks only up to this size (see the module doc)
+    KEEP_INPUTS_BYTES = 512 << 20
+
     def __init__(self, device, workers: int):
         if workers < 1:
             raise ValueError(f"workers: {workers} (at least 1)")
         self.device, self.workers = str(device), workers
         self._pool = self._cancel = None
         self.disabled: Optional[str] = None  # why the workers could not start
+        self._peaks: Dict[object, int] = {}  # problem -> the largest peak a task of it allocated
+
+    def free_bytes(self) -> Optional[int]:
+        """The device's free memory now (None off CUDA: not bounded)."""
+        import torch
+
+        dev = torch.device(self.device)
+        if dev.type != "cuda":
+            return None
+        return int(torch.cuda.mem_get_info(dev)[0])
+
+    def _limit(self, problem, free: Optional[int]) -> int:
+        """Tasks of ``problem`` to run at once (:func:`parallel_limit` at its measured peak, else the
+        estimate)."""
+        footprint = self._peaks.get(problem) or footprint_estimate(problem)
+        return parallel_limit(free, footprint, self.workers, self.MEMORY_SHARE)
 
     def start(self) -> "Precompiler":
         """Start the workers and wait until one answers (~5-10 s of imports and a CUDA context). A pool whose
@@ -194,48 +289,74 @@ class Precompiler:
 
     def compile(self, tasks: Sequence[Task], deadline: float) -> Dict[str, object]:
         """Run ``tasks`` (in order, grouped by problem so that a worker prepares each problem's inputs
-        once) until all are done or ``deadline`` (``time.time()``) passes. Then the tasks not yet started
-        are cancelled and those running finish (the pool is terminated if they take over :data:`DRAIN_S`),
-        so that nothing runs on the device when this returns, and the pool is kept for the next call.
-        Counts: ``tasks``, ``ok``, ``failed``, ``done`` (ok + failed), ``cancelled``, ``seconds`` (wall),
-        ``task_seconds`` (summed over tasks), ``complete``, ``errors`` (the first three); ``disabled`` when
-        the workers could not start."""
+        once; at most :meth:`_limit` of a problem at once) until all are done or ``deadline``
+        (``time.time()``) passes. Then the tasks not yet started are cancelled and those running finish (the
+        pool is terminated if they take over :data:`DRAIN_S`), so that nothing runs on the device when this
+        returns, and the pool is kept for the next call. Counts: ``tasks``, ``ok``, ``failed``, ``done``
+        (ok + failed), ``cancelled``, ``seconds`` (wall), ``task_seconds`` (summed over tasks),
+        ``complete``, ``errors`` (the first three), ``most_at_once`` (tasks that ran at once at most),
+        ``peak_gib`` (the largest task's allocation); ``disabled`` when the workers could not start."""
         t0 = time.time()
         out: Dict[str, object] = {"tasks": len(tasks), "ok": 0, "failed": 0, "done": 0, "cancelled": 0,
-                                  "task_seconds": 0.0, "complete": True, "errors": []}
+                                  "task_seconds": 0.0, "complete": True, "errors": [], "most_at_once": 0,
+                                  "peak_gib": 0.0}
         if tasks and self.start().disabled:
             out.update(complete=False, disabled=self.disabled)
         elif tasks:
-            results = self._pool.imap_unordered(_task, list(tasks), chunksize=1)
-            pending, until = len(tasks), deadline
-            while pending:
-                mean_s = out["task_seconds"] / out["done"] if out["done"] else 0.0
-                if out["complete"] and stop_starting(time.time(), deadline, mean_s):
-                    out["complete"] = False
-                    self._cancel.set()
-                    until = time.time() + self.DRAIN_S
-                wait = until - time.time() - (mean_s if out["complete"] else 0.0)
-                try:
-                    name, ok, secs, err = results.next(timeout=max(0.01, wait))
-                except mp.TimeoutError:
-                    if not out["complete"]:  # a started task outlived the drain: stop every worker
-                        out["terminated"] = True
-                        self.close()
-                        break
-                    continue
-                pending -= 1
-                if ok is None:
-                    out["cancelled"] += 1
-                    continue
-                out["done"] += 1
-                out["ok" if ok else "failed"] += 1
-                out["task_seconds"] += secs
-                if err and len(out["errors"]) < 3:
-                    out["errors"].append(f"{name}: {err}")
-            if self._cancel is not None:
-                self._cancel.clear()  # every task has returned: the next call's tasks run
+            self._run(list(tasks), deadline, out)
         out["seconds"] = time.time() - t0
         return out
+
+    def _run(self, tasks: List[Task], deadline: float, out: Dict[str, object]) -> None:
+        """:meth:`compile`'s loop: submit while the memory limit and the deadline allow, collect results."""
+        free, results = self.free_bytes(), queue.Queue()
+        running: Dict[int, object] = {}  # submission index -> its task's problem
+        nxt, until = 0, deadline
+
+        def failed(i, name):  # a task whose worker raised past _task's own guard (a pickling error, say)
+            return lambda e: results.put((i, {"name": name, "ok": False, "seconds": 0.0, "peak_bytes": 0,
+                                              "error": f"{type(e).__name__}: {e}"[:300]}))
+
+        while nxt < len(tasks) or running:
+            mean_s = out["task_seconds"] / out["done"] if out["done"] else 0.0
+            if out["complete"] and stop_starting(time.time(), deadline, mean_s):
+                out["complete"] = False
+                out["cancelled"] += len(tasks) - nxt
+                nxt = len(tasks)
+                self._cancel.set()
+                until = time.time() + self.DRAIN_S
+            while nxt < len(tasks) and len(running) < self._limit(tasks[nxt][0], free):
+                i, task = nxt, tasks[nxt]
+                self._pool.apply_async(_task, ((task, self.KEEP_INPUTS_BYTES),),
+                                       callback=lambda r, i=i: results.put((i, r)),
+                                       error_callback=failed(i, task[1]))
+                running[i], nxt = task[0], nxt + 1
+                out["most_at_once"] = max(out["most_at_once"], len(running))
+            if not running:
+                break
+            wait = until - time.time() - (mean_s if out["complete"] else 0.0)
+            try:
+                i, r = results.get(timeout=max(0.01, wait))
+            except queue.Empty:
+                if not out["complete"]:  # a started task outlived the drain: stop every worker
+                    out["terminated"] = True
+                    self.close()
+                    break
+                continue
+            problem = running.pop(i)
+            if r["peak_bytes"]:
+                self._peaks[problem] = max(self._peaks.get(problem, 0), r["peak_bytes"])
+                out["peak_gib"] = max(out["peak_gib"], round(r["peak_bytes"] / 2**30, 2))
+            if r["ok"] is None:
+                out["cancelled"] += 1
+                continue
+            out["done"] += 1
+            out["ok" if r["ok"] else "failed"] += 1
+            out["task_seconds"] += r["seconds"]
+            if r["error"] and len(out["errors"]) < 3:
+                out["errors"].append(f"{r['name']}: {r['error']}")
+        if self._cancel is not None:
+            self._cancel.clear()  # every task has returned: the next call's tasks run
 
     def close(self) -> None:
         if self._pool is not None:

@@ -129,3 +129,34 @@ def test_no_task_starts_that_would_end_past_the_deadline(precompile):
     res = doctest_results(precompile.stop_starting)
     assert res and all(failed == 0 for _, failed in res)
     assert sum(n for n, _ in res) == 3
+
+
+def test_tasks_of_a_problem_run_only_as_many_at_once_as_fit_in_memory(precompile, monkeypatch):
+    # 12 workers each running a B32 x 8192 decode task at once ran an H100 out of memory (2026-12-07)
+    p = _cpu_problem()
+    with precompile.Precompiler("cpu", workers=2) as pre:
+        roomy = pre.compile([(p, "eager", {})] * 4, deadline=time.time() + 240)
+        # a device with room for less than one task's footprint: one at a time, all still done
+        monkeypatch.setattr(pre, "free_bytes", lambda: precompile.footprint_estimate(p) // 2)
+        tight = pre.compile([(p, "eager", {})] * 4, deadline=time.time() + 240)
+    assert roomy["complete"] and roomy["ok"] == 4 and roomy["most_at_once"] == 2, roomy
+    assert tight["complete"] and tight["ok"] == 4 and tight["most_at_once"] == 1, tight
+
+
+def test_a_worker_drops_inputs_too_large_to_hold_while_idle(precompile):
+    p = _cpu_problem(mode="fwd_bwd")
+    with precompile.Precompiler("cpu", workers=1) as pre:
+        assert pre.compile([(p, "eager", {})], deadline=time.time() + 240)["ok"] == 1
+        held = pre._pool.apply(precompile._held_bytes)
+        pre.KEEP_INPUTS_BYTES = held - 1  # these inputs are now "too large"
+        assert pre.compile([(p, "eager", {})], deadline=time.time() + 240)["ok"] == 1
+        dropped = pre._pool.apply(precompile._held_bytes)
+    # q, k, v, dout, the reference output and its three gradients (float64 on a CPU) were kept, then not
+    assert held > 7 * 13 * 8 and dropped == 0, (held, dropped)
+
+
+def test_memory_bounds_of_compiling_ahead(precompile):
+    """The examples in footprint_estimate's and parallel_limit's docstrings."""
+    for fn, n in ((precompile.footprint_estimate, 3), (precompile.parallel_limit, 3)):
+        res = doctest_results(fn)
+        assert res and all(failed == 0 for _, failed in res) and sum(k for k, _ in res) == n, fn.__name__
