@@ -87,23 +87,24 @@ def stop_starting(now: float, deadline: float, mean_task_s: float) -> bool:
 
 
 def footprint_estimate(problem) -> int:
-    """Bytes one worker may allocate for a task of ``problem`` before any was measured: its tensors (q, k, v,
-    the output; for ``fwd_bwd`` also dout and the three gradients) at 8 bytes an element — the gate's
-    reference runs in float64 where it is cheap (decode) and copies K/V chunks to it — twice over (the
-    reference's chunks and the candidate's temporaries), plus 256 MiB. Deliberately high: measured peaks
-    replace it (:meth:`Precompiler.compile`).
+    """Bytes one worker may allocate for a task of ``problem`` before any was measured: 48 bytes an element of
+    its tensors (q, k, v, the output; for ``fwd_bwd`` also dout and the three gradients), plus 256 MiB.
+    Measured peaks replace it (:meth:`Precompiler.compile`); the factor is theirs: the gate's reference runs
+    in float64 where that is cheap (decode) on float64 copies of K/V chunks, and a decode task peaked at
+    40-43 bytes a K/V element (H100, 2026-12-07: 21.3 GiB for B32 x 8192 x 8 heads x D128, 5.3 GiB for B8;
+    an estimate of 16 let 4 B32 tasks start at once, and 3 of them ran out of memory).
 
     >>> from attntune.problem import AttentionProblem
     >>> p = AttentionProblem(batch=32, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_kv=8192, head_dim=128,
     ...                      head_dim_v=128, dtype="bfloat16", kv_lens=True)
     >>> round(footprint_estimate(p) / 2**30, 1)   # GiB
-    8.3
+    24.3
     """
     b, hq, hkv = problem.batch, problem.heads_q, problem.heads_kv
     q = b * hq * problem.seqlen_q * (problem.head_dim + problem.head_dim_v)  # q and the output
     kv = b * hkv * problem.seqlen_kv * (problem.head_dim + problem.head_dim_v)
     elems = (q + kv) * (2 if problem.mode == "fwd_bwd" else 1)  # gradients mirror the inputs
-    return int(elems * 8 * 2) + (256 << 20)
+    return int(elems * 48) + (256 << 20)
 
 
 def parallel_limit(free_bytes: Optional[int], footprint: int, workers: int, share: float) -> int:
@@ -112,9 +113,9 @@ def parallel_limit(free_bytes: Optional[int], footprint: int, workers: int, shar
 
     >>> parallel_limit(None, 10 << 30, 12, 0.5)
     12
-    >>> parallel_limit(75 << 30, 8 << 30, 12, 0.5)   # a B32 x 8192 decode key on an H100
-    4
-    >>> parallel_limit(1 << 30, 8 << 30, 12, 0.5)    # even one does not fit: run them one by one
+    >>> parallel_limit(75 << 30, 6 << 30, 12, 0.5)    # a B8 x 8192 decode key on an H100
+    6
+    >>> parallel_limit(75 << 30, 24 << 30, 12, 0.5)   # B32: even two do not fit; one by one
     1
     """
     if free_bytes is None:
@@ -262,10 +263,13 @@ class Precompiler:
         return int(torch.cuda.mem_get_info(dev)[0])
 
     def _limit(self, problem, free: Optional[int]) -> int:
-        """Tasks of ``problem`` to run at once (:func:`parallel_limit` at its measured peak, else the
-        estimate)."""
-        footprint = self._peaks.get(problem) or footprint_estimate(problem)
-        return parallel_limit(free, footprint, self.workers, self.MEMORY_SHARE)
+        """Tasks of ``problem`` to run at once: :func:`parallel_limit` at its measured peak; before one is
+        measured, at the estimate — or just one where the estimate already bounds it (memory is short for
+        this problem, and an estimate can be off: the first one was, by 2.6x)."""
+        if problem in self._peaks:
+            return parallel_limit(free, self._peaks[problem], self.workers, self.MEMORY_SHARE)
+        n = parallel_limit(free, footprint_estimate(problem), self.workers, self.MEMORY_SHARE)
+        return n if n == self.workers else 1
 
     def start(self) -> "Precompiler":
         """Start the workers and wait until one answers (~5-10 s of imports and a CUDA context). A pool whose
