@@ -95,6 +95,43 @@ def bench_round(step, graphs=False):
     return tt.do_bench(step, warmup=10, rep=40, return_mode="median")
 
 
+def round_order(names, r):
+    """The implementations in the order round ``r`` times them: rotated by one a round, so that none is
+    always timed right after the same neighbour. With a fixed order, on an H100 (2026-12-07) ``sdpa_cudnn``
+    always followed ``sdpa_efficient``'s 8 ms kernel and ``attntune`` always came first; the same SDPA
+    kernel timed as ``attntune`` and as ``sdpa_default`` differed by 0.95-1.14x across the dense cases.
+
+    >>> round_order(["a", "b", "c"], 0), round_order(["a", "b", "c"], 1), round_order(["a", "b", "c"], 4)
+    (['a', 'b', 'c'], ['b', 'c', 'a'], ['b', 'c', 'a'])
+    """
+    names = list(names)
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def spread(ts):
+    """Relative spread of one implementation's round medians: (max - min) / median.
+
+    >>> round(spread([2.20, 2.44, 2.85]), 3), spread([1.0])
+    (0.266, 0.0)
+    """
+    ts = sorted(ts)
+    return (ts[-1] - ts[0]) / ts[len(ts) // 2] if ts else 0.0
+
+
+def aa_ratio(plan, ms):
+    """The A/A control of a case: where dispatch chose an SDPA backend, ``attntune`` runs that very kernel,
+    so ``ms[plan] / ms["attntune"]`` differs from 1 only by noise and dispatch's overhead — the case's noise
+    floor, against which its ``vs_*`` ratios are read. None where the plan is our own kernel.
+
+    >>> aa_ratio("sdpa_cudnn", {"attntune": 2.0, "sdpa_cudnn": 2.1}), aa_ratio("triton_flash", {"attntune": 1.0})
+    (1.05, None)
+    """
+    if plan in SDPA and plan in ms and "attntune" in ms:
+        return ms[plan] / ms["attntune"]
+    return None
+
+
 def flex_fn(cs, q):
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -123,7 +160,7 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--flex-groups", default="window,dense,training",
                     help="groups where FlexAttention is compiled and timed (each shape costs a compile)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per case")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per case (order rotated)")
     ap.add_argument("--fp32-precision", default="high", help="matmul precision for the fp32 group")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "bench_suite needs a GPU"
@@ -163,8 +200,9 @@ def main():
             f = flex_fn(cs, q)
             if f is not None:
                 impls["flex"] = f
-        # Interleaved rounds: every implementation is timed once per round, the reported figure is the
-        # median over rounds, so clock or thermal drift during the case does not favour whoever ran first.
+        # Interleaved rounds: every implementation is timed once per round, in an order rotated each round
+        # (round_order), the reported figure is the median over rounds, so clock or thermal drift during the
+        # case does not favour whoever ran first or after a heavy neighbour.
         steps = {}
         for name, fn in impls.items():
             try:
@@ -172,8 +210,9 @@ def main():
             except Exception as e:  # noqa: BLE001 — a backend that cannot run this shape is a result too
                 row["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         samples = {}
-        for _ in range(args.rounds):
-            for name, step in steps.items():
+        for r in range(args.rounds):
+            for name in round_order(steps, r):
+                step = steps[name]
                 modes = (False, True) if cs["group"] == "decode" else (False,)
                 for graphs in modes:
                     label = name + ("@graph" if graphs else "")
@@ -185,11 +224,14 @@ def main():
                         row["errors"][label] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         row["ms"] = {label: sorted(ts)[len(ts) // 2] for label, ts in samples.items() if label not in row["errors"]}
         row["rounds"] = {label: ts for label, ts in samples.items()}
+        row["spread"] = {label: round(spread(ts), 4) for label, ts in samples.items()}
         try:
             row["plan"] = attntune.explain(q, k, v, causal=cs["causal"], window=window, kv_lens=kv_lens).variant
         except Exception as e:  # noqa: BLE001
             row["plan"] = f"? ({e})"
         ms = row["ms"]
+        if aa_ratio(row["plan"], ms) is not None:
+            row["aa_ratio"] = aa_ratio(row["plan"], ms)
         sdpa_ms = [ms[n] for n in SDPA if n in ms]
         if "attntune" in ms and "sdpa_default" in ms:
             row["vs_sdpa_default"] = ms["sdpa_default"] / ms["attntune"]
@@ -225,6 +267,9 @@ def main():
         summary[grp] = {"geomean_vs_sdpa_default": geo([r.get("vs_sdpa_default") for r in rs]),
                         "min_vs_sdpa_default": min((r["vs_sdpa_default"] for r in rs if "vs_sdpa_default" in r), default=None),
                         "geomean_vs_best_sdpa": geo([r.get("vs_best_sdpa") for r in rs]), "n": len(rs)}
+        aa = [r["aa_ratio"] for r in rs if "aa_ratio" in r]
+        if aa:  # the noise floor of this group's ratios (aa_ratio): how far 1.0 strays where nothing differs
+            summary[grp].update(aa_n=len(aa), aa_min=min(aa), aa_max=max(aa), aa_geomean=geo(aa))
         if grp == "decode":
             for k_ in ("vs_sdpa_plain", "vs_sdpa_default_graph", "vs_sdpa_plain_graph"):
                 summary[grp]["geomean_" + k_] = geo([r.get(k_) for r in rs])
