@@ -14,6 +14,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -87,12 +88,66 @@ def make_step(fn, bwd, q, k, v):
     return step
 
 
-def bench_round(step, graphs=False):
+#: repetitions an implementation gets per round at least: do_bench's ``rep`` is a time (ms) and at 40 ms a
+#: 28 ms kernel ran once a round (H100, 2026-12-07)
+MIN_REPS = 8
+
+
+def rep_ms(est_ms: float) -> float:
+    """do_bench's ``rep`` for a step that takes ``est_ms``: 40 ms, or :data:`MIN_REPS` repetitions if longer.
+
+    >>> rep_ms(0.05), rep_ms(28.0)
+    (40.0, 224.0)
+    """
+    return max(40.0, MIN_REPS * est_ms)
+
+
+def estimate_ms(step) -> float:
+    """One call of ``step`` timed with CUDA events (after the warm-up call :func:`make_step` made)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    step()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def bench_round(step, graphs=False, rep=40.0):
     import triton.testing as tt
 
     if graphs:
-        return tt.do_bench_cudagraph(step, rep=40)
-    return tt.do_bench(step, warmup=10, rep=40, return_mode="median")
+        return tt.do_bench_cudagraph(step, rep=rep)
+    return tt.do_bench(step, warmup=10, rep=rep, return_mode="median")
+
+
+def max_sm_mhz(device) -> Optional[int]:
+    """The card's highest SM clock (NVML; None without it)."""
+    from bench_generate import _nvml_handle
+
+    h = _nvml_handle(device.index if device.index is not None else torch.cuda.current_device())
+    if h is None:
+        return None
+    try:
+        return int(h[0].nvmlDeviceGetMaxClockInfo(h[1], h[0].NVML_CLOCK_SM))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def at_top_clock(ms: float, mhz: Optional[float], top: Optional[float]) -> float:
+    """``ms`` measured at a median SM clock of ``mhz`` expressed at the card's top clock ``top``: the same
+    cycles at the higher clock (a compute-bound kernel's time goes as 1/clock; a memory-bound one's less,
+    so this over-corrects those — the dense cases it serves are compute-bound). Unchanged without clocks.
+
+    On the H100 of 2026-12-07 the heavy dense cases' rounds swung 10-25 % (the same cuDNN kernel 28.8 to
+    36.0 ms) while the light ones held within 1 %: the card clocks down under sustained load, and where in
+    that cycle a round falls decides its time.
+
+    >>> round(at_top_clock(2.0, 1500, 1980), 4), at_top_clock(2.0, None, 1980), at_top_clock(2.0, 1980, 1980)
+    (1.5152, 2.0, 2.0)
+    """
+    if not mhz or not top:
+        return ms
+    return ms * min(mhz, top) / top
 
 
 def round_order(names, r):
@@ -162,10 +217,15 @@ def main():
                     help="groups where FlexAttention is compiled and timed (each shape costs a compile)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per case (order rotated)")
     ap.add_argument("--fp32-precision", default="high", help="matmul precision for the fp32 group")
+    ap.add_argument("--only", default="", help="comma list: only cases whose key contains one of these")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "bench_suite needs a GPU"
+    from bench_generate import RunMeter
+
     dev = torch.device("cuda")
+    top = max_sm_mhz(dev)
     rows = []
+    only = [x for x in args.only.split(",") if x]
     for cs in cases(args.groups.split(",")):
         prec = args.fp32_precision if cs.get("dtype") == "float32" else "highest"
         torch.set_float32_matmul_precision(prec)
@@ -178,6 +238,8 @@ def main():
         # kv_lens are the full length here: count every key (flops() of a kv_lens problem counts the tuner's
         # timed lengths, AttentionProblem.timed_kv_lens)
         flops = prob.model_copy(update={"kv_lens": False}).flops()
+        if only and not any(x in prob.short() for x in only):
+            continue
         row = {**cs, "key": prob.short(), "flops": flops, "precision": prec, "ms": {}, "errors": {}}
 
         def at(q_, k_, v_):
@@ -209,7 +271,8 @@ def main():
                 steps[name] = make_step(fn, bwd, q, k, v)
             except Exception as e:  # noqa: BLE001 — a backend that cannot run this shape is a result too
                 row["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        samples = {}
+        reps = {name: rep_ms(estimate_ms(step)) for name, step in steps.items()}
+        samples, clocks = {}, {}
         for r in range(args.rounds):
             for name in round_order(steps, r):
                 step = steps[name]
@@ -219,19 +282,36 @@ def main():
                     if label in row["errors"]:
                         continue
                     try:
-                        samples.setdefault(label, []).append(bench_round(step, graphs))
+                        with RunMeter(dev, period=0.005) as meter:
+                            t = bench_round(step, graphs, reps[name])
+                        samples.setdefault(label, []).append(t)
+                        clocks.setdefault(label, []).append((meter.result.get("sm_mhz") or [None] * 3)[1])
                     except Exception as e:  # noqa: BLE001
                         row["errors"][label] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        row["ms"] = {label: sorted(ts)[len(ts) // 2] for label, ts in samples.items() if label not in row["errors"]}
+
+        def median(xs):
+            return sorted(xs)[len(xs) // 2]
+
+        ok = [label for label in samples if label not in row["errors"]]
+        row["ms"] = {label: median(samples[label]) for label in ok}
+        # the same rounds expressed at the card's top clock (at_top_clock): compares implementations at equal
+        # clocks where the card clocked down under some rounds and not others
+        row["ms_top_clock"] = {label: median([at_top_clock(t, c, top) for t, c in zip(samples[label], clocks[label])])
+                               for label in ok}
         row["rounds"] = {label: ts for label, ts in samples.items()}
+        row["sm_mhz"] = clocks
         row["spread"] = {label: round(spread(ts), 4) for label, ts in samples.items()}
         try:
             row["plan"] = attntune.explain(q, k, v, causal=cs["causal"], window=window, kv_lens=kv_lens).variant
         except Exception as e:  # noqa: BLE001
             row["plan"] = f"? ({e})"
-        ms = row["ms"]
+        ms, mt = row["ms"], row["ms_top_clock"]
         if aa_ratio(row["plan"], ms) is not None:
-            row["aa_ratio"] = aa_ratio(row["plan"], ms)
+            row["aa_ratio"], row["aa_ratio_top_clock"] = aa_ratio(row["plan"], ms), aa_ratio(row["plan"], mt)
+        if "attntune" in mt and "sdpa_default" in mt:
+            row["vs_sdpa_default_top_clock"] = mt["sdpa_default"] / mt["attntune"]
+        if "attntune" in mt and any(n in mt for n in SDPA):
+            row["vs_best_sdpa_top_clock"] = min(mt[n] for n in SDPA if n in mt) / mt["attntune"]
         sdpa_ms = [ms[n] for n in SDPA if n in ms]
         if "attntune" in ms and "sdpa_default" in ms:
             row["vs_sdpa_default"] = ms["sdpa_default"] / ms["attntune"]
@@ -267,14 +347,20 @@ def main():
         summary[grp] = {"geomean_vs_sdpa_default": geo([r.get("vs_sdpa_default") for r in rs]),
                         "min_vs_sdpa_default": min((r["vs_sdpa_default"] for r in rs if "vs_sdpa_default" in r), default=None),
                         "geomean_vs_best_sdpa": geo([r.get("vs_best_sdpa") for r in rs]), "n": len(rs)}
-        aa = [r["aa_ratio"] for r in rs if "aa_ratio" in r]
-        if aa:  # the noise floor of this group's ratios (aa_ratio): how far 1.0 strays where nothing differs
-            summary[grp].update(aa_n=len(aa), aa_min=min(aa), aa_max=max(aa), aa_geomean=geo(aa))
+        for k_ in ("vs_sdpa_default_top_clock", "vs_best_sdpa_top_clock"):
+            summary[grp]["geomean_" + k_] = geo([r.get(k_) for r in rs])
+        summary[grp]["min_vs_sdpa_default_top_clock"] = min(
+            (r["vs_sdpa_default_top_clock"] for r in rs if "vs_sdpa_default_top_clock" in r), default=None)
+        for sfx in ("", "_top_clock"):
+            aa = [r["aa_ratio" + sfx] for r in rs if "aa_ratio" + sfx in r]
+            if aa:  # the noise floor of this group's ratios (aa_ratio): how far 1.0 strays where nothing differs
+                summary[grp].update({"aa_n": len(aa), "aa_min" + sfx: min(aa), "aa_max" + sfx: max(aa),
+                                     "aa_geomean" + sfx: geo(aa)})
         if grp == "decode":
             for k_ in ("vs_sdpa_plain", "vs_sdpa_default_graph", "vs_sdpa_plain_graph"):
                 summary[grp]["geomean_" + k_] = geo([r.get(k_) for r in rs])
     summary["all"] = {"geomean_vs_sdpa_default": geo([r.get("vs_sdpa_default") for r in rows])}
-    doc = {"benchmark": "suite", "environment": environment(), "rows": rows, "summary": summary}
+    doc = {"benchmark": "suite", "environment": environment(), "max_sm_mhz": top, "rows": rows, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))
     print(f"\n{'key':58s} {'plan':14s} {'attntune':>9s} {'sdpa':>9s} {'vsSDPA':>7s} {'vsBest':>7s} {'vsFlex':>7s}")
