@@ -23,13 +23,13 @@ task runs: when its deadline passes it cancels the tasks not yet started and wai
 restarted it for the next key: in a 120 s regret run (shares of 1-3 s) no task ever ran.
 
 Memory: each running task holds its key's inputs and reference (:func:`attntune.autotune.gate.prepare`: a
-B32 x 8192 decode key's took ~5.5 GiB). Twelve workers running B32 decode tasks at once ran the H100 out of
+B32 x 8192 decode task peaked at 21 GiB). Twelve workers running B32 decode tasks at once ran the H100 out of
 memory (2026-12-07: 31 of 33 tasks failed, and one reference config of the timing process after them), so
 :meth:`Precompiler.compile` runs at most :func:`parallel_limit` tasks of a problem at once — what fits in
-``MEMORY_SHARE`` of the device's free memory at the larger of an estimate (:func:`footprint_estimate`) and the
-peak a task of that problem was measured to allocate — and a worker drops inputs larger than
-``KEEP_INPUTS_BYTES`` after each task instead of holding them while idle (the timing process needs that memory
-once ``compile`` returns).
+``MEMORY_SHARE`` of the device's free memory at the peak a task of that problem was measured to allocate, or,
+before one was, at an estimate (:func:`footprint_estimate`; one task first where the estimate already limits) —
+and a worker drops inputs larger than ``KEEP_INPUTS_BYTES`` after each task instead of holding them while idle
+(the timing process needs that memory once ``compile`` returns).
 """
 
 from __future__ import annotations
