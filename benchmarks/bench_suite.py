@@ -282,7 +282,9 @@ def main():
                     if label in row["errors"]:
                         continue
                     try:
-                        with RunMeter(dev, period=0.005) as meter:
+                        # a sample every 10 ms: >= 4 a round (rep >= 40 ms), and a sampling thread that takes
+                        # the GIL seldom enough not to slow host-bound (µs-scale decode) launches much
+                        with RunMeter(dev, period=0.01) as meter:
                             t = bench_round(step, graphs, reps[name])
                         samples.setdefault(label, []).append(t)
                         clocks.setdefault(label, []).append((meter.result.get("sm_mhz") or [None] * 3)[1])
