@@ -48,6 +48,11 @@ class Candidate:
 COUPLED: Tuple[Tuple[str, str], ...] = (("BLOCK_N", "num_warps"), ("BLOCK_M", "num_warps"))
 
 
+#: The knob that sets how many query rows one program of a forward owns (the flash family's ``BLOCK_M``: its grid
+#: is ceil(Sq / BLOCK_M) x B x Hq programs), for :meth:`SearchSpace.occupancy_seeds`.
+ROW_TILE = "BLOCK_M"
+
+
 #: Knobs whose value here means "auto" — resolved per call from the shape and the device (the decode op's
 #: ``num_splits`` and ``num_stages``: 0). :meth:`SearchSpace.moves` makes that value adjacent to every
 #: concrete value of the knob: in declaration order "auto" sits next to 1 only, while what it resolves to
@@ -132,6 +137,32 @@ class SearchSpace:
     def defaults(self) -> List[Tuple[str, Config]]:
         """Each candidate's ``space.first()`` (its default config): tried before any sampling."""
         return [(c.name, c.space.first()) for c in self.candidates]
+
+    def occupancy_seeds(self, units: Optional[int]) -> List[Tuple[str, Config]]:
+        """Configs to try right after the defaults on a forward key whose default row tile gives the device
+        fewer programs than it has ``units`` (SMs / CUs): each such candidate's default with :data:`ROW_TILE`
+        one step down together with ``num_warps`` (the coupled move of :meth:`moves`), else ``ROW_TILE`` alone,
+        where valid. None for other modes, without ``units``, or where the default fills the device.
+
+        Why: on the chunked-prefill key B1 H32 S512x4096 D128 a 128-row tile makes 128 programs for 132 SMs;
+        the exhaustive best on both the H100 and the H200 was the default with 64 rows and 4 warps
+        (64/64/4/3), two moves from the budgeted winner (128/128/8/3) with the moves between them slower:
+        2.6 % and 2.2 % regret, the largest of either card's regret file (``regret_h100.json``,
+        ``regret_h200.json``)."""
+        p = self.problem
+        if not units or p.mode != "fwd":
+            return []
+        out: List[Tuple[str, Config]] = []
+        for c in self.candidates:
+            d = c.space.first()
+            if ROW_TILE not in d or -(-p.seqlen_q // d[ROW_TILE]) * p.batch * p.heads_q >= units:
+                continue
+            down = [m for m in self.moves(c.name, d) if m[ROW_TILE] < d[ROW_TILE]]
+            # the coupled move first (fewer rows and fewer warps), else fewer rows alone
+            down.sort(key=lambda m: m.get("num_warps", 0) >= d.get("num_warps", 0))
+            if down:
+                out.append((c.name, down[0]))
+        return out
 
     def moves(self, variant: str, config: Config) -> List[Config]:
         """The valid one-step neighbours of ``config``: one knob moved to an adjacent value of its

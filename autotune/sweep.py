@@ -4,7 +4,10 @@ Order of trials (each measured at most once per study, whatever the sampler prop
 
 1. warm start: the winners of the nearest tuned keys of the same family (:meth:`TuneKey.family`,
    nearest by :meth:`TuneKey.distance`), where valid for this key;
-2. every candidate's default config (``space.first()``);
+2. every candidate's default config (``space.first()``), then, on a forward key whose default row tile
+   leaves some of the GPU's SMs without a program, that default with fewer rows and warps
+   (:meth:`SearchSpace.occupancy_seeds`: the exhaustive best of both cards' chunked-prefill key, two moves
+   from the budgeted winner);
 3. *grid* — when all valid configs of all candidates fit in the trial budget, the rest of them in
    declaration order (enqueued one by one: optuna's GridSampler cannot express a conditional space);
    otherwise *TPE* (seeded per key, multivariate with grouped conditional parameters) until the budget
@@ -68,7 +71,7 @@ from attntune.autotune.study import open_study
 from attntune.autotune.timing import PRUNE_RATIO, Timer, TimingOptions, graph_timed, make_call
 from attntune.cache.models import WinnerRecord, judge, utcnow
 from attntune.cache.store import CacheStore
-from attntune.device import software_fingerprint
+from attntune.device import device_fingerprint, software_fingerprint
 from attntune.kernels import registry
 from attntune.key import TuneKey, config_key
 
@@ -147,6 +150,17 @@ def _device_for(problem) -> torch.device:
     if problem.device_type == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def parallel_units(device: torch.device) -> Optional[int]:
+    """The device's SMs / CUs (GPUs; None elsewhere or unknown): what :meth:`SearchSpace.occupancy_seeds`
+    compares a forward's program count with."""
+    if device.type != "cuda":
+        return None
+    try:
+        return device_fingerprint(device).units
+    except Exception:  # noqa: BLE001 — only costs the seeds
+        return None
 
 
 def _free_device_memory(device: torch.device) -> None:
@@ -264,6 +278,7 @@ class KeyTuner:
         for name, cfg in (
             neighbour_configs(self.key, space, self.warm_stores, self.opt.neighbours)
             + space.defaults()
+            + space.occupancy_seeds(parallel_units(self.device))
             + (list(space.grid()) if grid_n is not None else [])
         ):
             if config_id(name, cfg) not in tried:

@@ -477,6 +477,49 @@ def test_moves_step_a_tile_and_its_warps_together(register, monkeypatch):
         (128, 4, 1), (256, 2, 1), (256, 8, 1), (256, 4, 2), (128, 2, 1)}
 
 
+class RowTile(_TestVariant):
+    """A forward's row tile, warps and stages: the default's coupled step down (64 rows, 4 warps) is the one
+    fast config; every other one, the default's single-knob neighbours included, is slow."""
+
+    name = "t_row_tile"
+    virtual = {"s": 0.0}
+    BEST = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}
+
+    def space(self, problem):
+        return Space(params=(Param("BLOCK_M", (32, 64, 128)), Param("num_warps", (2, 4, 8)),
+                             Param("num_stages", (1, 2, 3, 4))),
+                     default={"BLOCK_M": 128, "num_warps": 8, "num_stages": 3})
+
+    def run(self, q, k, v, problem, config, kv_lens=None):
+        RowTile.virtual["s"] += 1.0 if dict(config) == self.BEST else 30.0  # virtual seconds, far apart
+        return sdpa_exact(q, k, v, problem, kv_lens)
+
+
+def test_a_forward_that_leaves_units_idle_is_seeded_with_fewer_rows_and_warps(register, monkeypatch):
+    register(RowTile())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_row_tile")
+    small = prob(b=1, hq=4, hkv=4, sq=200, skv=300)  # ceil(200 / 128) * 1 * 4 = 8 programs at the default
+    assert SearchSpace(small).occupancy_seeds(132) == [("t_row_tile", RowTile.BEST)]
+    assert SearchSpace(small).occupancy_seeds(8) == []  # 8 programs fill 8 units
+    assert SearchSpace(small).occupancy_seeds(None) == []  # a CPU: no units to fill
+    assert SearchSpace(prob(b=1, hq=4, hkv=4, sq=200, skv=300, mode="fwd_bwd")).occupancy_seeds(132) == []
+
+
+def test_the_tuner_measures_the_occupancy_seed_right_after_the_defaults(tmp_path, monkeypatch, register):
+    """The chunked-prefill case of both cards' regret runs (the seed is the exhaustive best, two moves from the
+    budget's winner): with a budget of two trials, the default and then the seed."""
+    from attntune.autotune import sweep, timing
+
+    register(RowTile())
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "t_row_tile")
+    monkeypatch.setattr(sweep, "parallel_units", lambda device: 132)
+    RowTile.virtual["s"] = 0.0
+    monkeypatch.setattr(timing, "CLOCK", lambda: time.perf_counter() + RowTile.virtual["s"])
+    [rec] = tune([prob(b=1, hq=4, hkv=4, sq=200, skv=300)], cache=CacheStore(tmp_path / "c.db"), trials=2,
+                 timing=QUICK, refine=0)
+    assert rec.variant == "t_row_tile" and dict(rec.config) == RowTile.BEST, rec.config
+
+
 @pytest.mark.parametrize("coupled", [True, False])
 def test_refine_crosses_a_ridge_of_single_moves_by_coupled_steps(tmp_path, monkeypatch, register, coupled):
     """From the default (a balanced config), every single-knob move is slower: a climb of single moves stops
