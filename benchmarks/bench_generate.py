@@ -265,6 +265,11 @@ class RunMeter:
     * ``gpu_util`` — NVML's share of time the GPU ran a kernel (min, median, max of the same samples): a
       slow run with the GPU busier is a slow device, one with it idler a slow host;
     * ``power_w`` — the board's power draw (W; min, median, max): a power-capped card lowers its clock;
+    * ``clock_reasons`` — why the clock sat below its top in any sample (NVML's clock event / throttle reasons,
+      named by :data:`CLOCK_REASONS`; "gpu_idle" left out) and ``temp_c`` (min, median, max): a card that clocks
+      down under sustained load for power ("sw_power_cap") does so for every user of that workload, one that
+      does for heat ("sw_thermal", "hw_thermal") depends on the machine (the H100 of 2026-12-07 timed heavy
+      kernels at 1695-1755 MHz against 1980, reason unknown then);
     * ``probe_us`` — a fixed piece of pure-Python work (:func:`host_probe_us`) timed just before and just
       after the run: CPU time alone cannot tell a slow host from a waiting one, because CUDA's default
       synchronisation spins (a sync on a slow GPU is CPU time too), but a host that computes slower runs
@@ -274,7 +279,8 @@ class RunMeter:
 
     def __init__(self, device, period: float = 0.1):
         self.period = period
-        self.samples, self.util, self.power = [], [], []
+        self.samples, self.util, self.power, self.temp = [], [], [], []
+        self.reasons = 0  # NVML clock reason bits seen in any sample
         self._stop = None
         self._nvml = None
         if device.type == "cuda":
@@ -291,6 +297,13 @@ class RunMeter:
                 return
             try:  # not every board reports its power: the clocks go on without it
                 self.power.append(round(nv.nvmlDeviceGetPowerUsage(h) / 1000))
+            except Exception:  # noqa: BLE001
+                pass
+            try:  # NVML >= 12 names it "clocks event reasons", older ones "throttle reasons"
+                get = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                    nv.nvmlDeviceGetCurrentClocksThrottleReasons
+                self.reasons |= int(get(h))
+                self.temp.append(int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
             except Exception:  # noqa: BLE001
                 pass
 
@@ -322,10 +335,31 @@ class RunMeter:
         steal = steal_ticks()
         if steal is not None and self._steal is not None:
             self.result["steal"] = steal - self._steal
-        for name, xs in (("sm_mhz", self.samples), ("gpu_util", self.util), ("power_w", self.power)):
+        for name, xs in (("sm_mhz", self.samples), ("gpu_util", self.util), ("power_w", self.power),
+                         ("temp_c", self.temp)):
             if xs:
                 xs = sorted(xs)
                 self.result[name] = [xs[0], xs[len(xs) // 2], xs[-1]]
+        if self._nvml is not None:
+            self.result["clock_reasons"] = clock_reasons(self.reasons)
+
+
+#: NVML's clock event (throttle) reason bits (``nvmlClocksEventReason*``)
+CLOCK_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                 0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+                 0x100: "display_clocks"}
+
+
+def clock_reasons(bits: int) -> list:
+    """The names of NVML clock reason ``bits`` but "gpu_idle" (samples between kernels are idle), unknown
+    bits as hex.
+
+    >>> clock_reasons(0x1 | 0x4 | 0x20), clock_reasons(0), clock_reasons(0x1000)
+    (['sw_power_cap', 'sw_thermal'], [], ['0x1000'])
+    """
+    names = [name for bit, name in CLOCK_REASONS.items() if bits & bit and bit != 0x1]
+    rest = bits & ~sum(CLOCK_REASONS)
+    return names + ([hex(rest)] if rest else [])
 
 
 _NVML: dict = {}

@@ -272,7 +272,7 @@ def main():
             except Exception as e:  # noqa: BLE001 — a backend that cannot run this shape is a result too
                 row["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         reps = {name: rep_ms(estimate_ms(step)) for name, step in steps.items()}
-        samples, clocks = {}, {}
+        samples, clocks, reasons = {}, {}, set()
         for r in range(args.rounds):
             for name in round_order(steps, r):
                 step = steps[name]
@@ -288,6 +288,7 @@ def main():
                             t = bench_round(step, graphs, reps[name])
                         samples.setdefault(label, []).append(t)
                         clocks.setdefault(label, []).append((meter.result.get("sm_mhz") or [None] * 3)[1])
+                        reasons.update(meter.result.get("clock_reasons", []))
                     except Exception as e:  # noqa: BLE001
                         row["errors"][label] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
@@ -302,6 +303,7 @@ def main():
                                for label in ok}
         row["rounds"] = {label: ts for label, ts in samples.items()}
         row["sm_mhz"] = clocks
+        row["clock_reasons"] = sorted(reasons)  # why the clock sat below its top in any round (RunMeter)
         row["spread"] = {label: round(spread(ts), 4) for label, ts in samples.items()}
         try:
             row["plan"] = attntune.explain(q, k, v, causal=cs["causal"], window=window, kv_lens=kv_lens).variant

@@ -400,8 +400,8 @@ def _row_tasks(rec) -> list:
 RETIME_THROTTLED = 2
 COOL_S = 2.0
 #: what one attempt of a fidelity row measured (kept in ``throttled_attempts`` when it is re-timed)
-_ATTEMPT_KEYS = ("now_ms", "error_frac", "sm_mhz", "power_w", "companion_now_ms", "relative_error",
-                 "baseline_now_ms")
+_ATTEMPT_KEYS = ("now_ms", "error_frac", "sm_mhz", "power_w", "temp_c", "clock_reasons", "companion_now_ms",
+                 "relative_error", "baseline_now_ms")
 
 
 def _fidelity_row_at_full_clock(row: dict, rec, problem, device, rounds: int, top: float,
@@ -458,7 +458,7 @@ def _fidelity_row(row: dict, rec, problem, device, rounds: int) -> None:
     with meter:
         ts = interleaved(timer, calls, rounds)
     # the card's state while timing (SM clock, power): tells a throttled card from a slower kernel
-    row.update({k: meter.result[k] for k in ("sm_mhz", "power_w") if k in meter.result})
+    row.update({k: meter.result[k] for k in ("sm_mhz", "power_w", "temp_c", "clock_reasons") if k in meter.result})
     # the estimator the tuner stores (autotune.confirm): the median of rounds on a GPU, their
     # minimum on a CPU (robust to preemption)
     est = [min(t) if device.type == "cpu" else statistics.median(t) for t in ts]

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from helpers import bench_module
+from helpers import bench_module, doctest_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_generate.py"
@@ -174,7 +174,12 @@ def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch
                                  nvmlDeviceGetClockInfo=lambda h, kind: next(clocks),
                                  nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(
                                      gpu=next(utils), memory=0),
-                                 nvmlDeviceGetPowerUsage=lambda h: next(power))
+                                 nvmlDeviceGetPowerUsage=lambda h: next(power),
+                                 NVML_TEMPERATURE_GPU=0,
+                                 nvmlDeviceGetTemperature=lambda h, kind: next(temps),
+                                 nvmlDeviceGetCurrentClocksEventReasons=lambda h: next(reasons))
+    temps = iter([61, 83, 70] + [75] * 1000)
+    reasons = iter([0x1, 0x4, 0x1] + [0x20] * 1000)  # idle, power cap, idle, then thermal
     utils = iter([40, 97, 12] + [55] * 1000)
     power = iter([650_400, 120_000, 300_000] + [400_000] * 1000)  # mW
     monkeypatch.setitem(sys.modules, "pynvml", fake)
@@ -192,7 +197,37 @@ def test_run_meter_samples_a_clock_thread_and_reports_min_median_max(monkeypatch
     assert ulo <= umid <= uhi and uhi == 97 and ulo in (12, 40, 55)
     plo, pmid, phi = meter.result["power_w"]
     assert plo <= pmid <= phi and phi == 650 and plo in (120, 300, 400)
+    tlo, tmid, thi = meter.result["temp_c"]
+    assert tlo <= tmid <= thi and thi == 83 and tlo in (61, 70, 75)
+    # the reasons of every sample, idle left out (samples between kernels are idle)
+    assert meter.result["clock_reasons"] in (["sw_power_cap"], ["sw_power_cap", "sw_thermal"])
     assert meter.result["wall_s"] > 0
+
+
+def test_run_meter_reads_clock_reasons_through_the_older_nvml_name(monkeypatch):
+    import threading
+    import types
+
+    bench_generate = bench_module("bench_generate")
+    fake = types.SimpleNamespace(NVML_CLOCK_SM=1, NVML_TEMPERATURE_GPU=0, nvmlInit=lambda: None,
+                                 nvmlDeviceGetHandleByIndex=lambda i: ("h", i),
+                                 nvmlDeviceGetClockInfo=lambda h, kind: 1755,
+                                 nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=90, memory=0),
+                                 nvmlDeviceGetPowerUsage=lambda h: 500_000,
+                                 nvmlDeviceGetTemperature=lambda h, kind: 80,
+                                 nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x8)  # no "...EventReasons"
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(bench_generate, "_NVML", {})
+    import torch
+
+    meter = bench_generate.RunMeter(torch.device("cuda", 0), period=0.001)
+    done, t_end = threading.Event(), time.monotonic() + 30
+    with meter:
+        while len(meter.temp) < 2 and time.monotonic() < t_end:
+            done.wait(0.001)
+    assert meter.result["clock_reasons"] == ["hw_slowdown"] and meter.result["temp_c"] == [80, 80, 80]
+    res = doctest_results(bench_generate.clock_reasons)
+    assert res and all(failed == 0 for _, failed in res) and sum(n for n, _ in res) == 1
 
 
 def test_slow_run_attribution_compares_slow_and_fast_runs_and_skips_first_runs():
