@@ -142,7 +142,8 @@ class SearchSpace:
         """Configs to try right after the defaults on a forward key whose default row tile gives the device
         fewer programs than it has ``units`` (SMs / CUs): each such candidate's default with :data:`ROW_TILE`
         one step down together with ``num_warps`` (the coupled move of :meth:`moves`), else ``ROW_TILE`` alone,
-        where valid. None for other modes, without ``units``, or where the default fills the device.
+        where valid and it makes more programs. None for other modes, without ``units``, or where the default
+        fills the device.
 
         Why: on the chunked-prefill key B1 H32 S512x4096 D128 a 128-row tile makes 128 programs for 132 SMs;
         the exhaustive best on both the H100 and the H200 was the default with 64 rows and 4 warps
@@ -157,7 +158,9 @@ class SearchSpace:
             d = c.space.first()
             if ROW_TILE not in d or -(-p.seqlen_q // d[ROW_TILE]) * p.batch * p.heads_q >= units:
                 continue
-            down = [m for m in self.moves(c.name, d) if m[ROW_TILE] < d[ROW_TILE]]
+            # only a smaller tile that makes more programs (a decode row, Sq = 1, is one program at any tile)
+            down = [m for m in self.moves(c.name, d)
+                    if m[ROW_TILE] < d[ROW_TILE] and -(-p.seqlen_q // m[ROW_TILE]) > -(-p.seqlen_q // d[ROW_TILE])]
             # the coupled move first (fewer rows and fewer warps), else fewer rows alone
             down.sort(key=lambda m: m.get("num_warps", 0) >= d.get("num_warps", 0))
             if down:

@@ -503,6 +503,9 @@ def test_a_forward_that_leaves_units_idle_is_seeded_with_fewer_rows_and_warps(re
     assert SearchSpace(small).occupancy_seeds(8) == []  # 8 programs fill 8 units
     assert SearchSpace(small).occupancy_seeds(None) == []  # a CPU: no units to fill
     assert SearchSpace(prob(b=1, hq=4, hkv=4, sq=200, skv=300, mode="fwd_bwd")).occupancy_seeds(132) == []
+    # a decode row (or any Sq <= 64) is one program at 128 rows and at 64: halving the tile adds none
+    assert SearchSpace(prob(b=1, hq=4, hkv=4, sq=1, skv=300)).occupancy_seeds(132) == []
+    assert SearchSpace(prob(b=1, hq=4, hkv=4, sq=64, skv=300)).occupancy_seeds(132) == []
 
 
 def test_the_tuner_measures_the_occupancy_seed_right_after_the_defaults(tmp_path, monkeypatch, register):
