@@ -153,14 +153,17 @@ class SearchSpace:
         p = self.problem
         if not units or p.mode != "fwd":
             return []
+
+        def row_blocks(cfg: Config) -> int:
+            return -(-p.seqlen_q // cfg[ROW_TILE])
+
         out: List[Tuple[str, Config]] = []
         for c in self.candidates:
             d = c.space.first()
-            if ROW_TILE not in d or -(-p.seqlen_q // d[ROW_TILE]) * p.batch * p.heads_q >= units:
+            if ROW_TILE not in d or row_blocks(d) * p.batch * p.heads_q >= units:
                 continue
             # only a smaller tile that makes more programs (a decode row, Sq = 1, is one program at any tile)
-            down = [m for m in self.moves(c.name, d)
-                    if m[ROW_TILE] < d[ROW_TILE] and -(-p.seqlen_q // m[ROW_TILE]) > -(-p.seqlen_q // d[ROW_TILE])]
+            down = [m for m in self.moves(c.name, d) if row_blocks(m) > row_blocks(d)]
             # the coupled move first (fewer rows and fewer warps), else fewer rows alone
             down.sort(key=lambda m: m.get("num_warps", 0) >= d.get("num_warps", 0))
             if down:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
@@ -170,8 +171,7 @@ def spread(ts):
     >>> round(spread([2.20, 2.44, 2.85]), 3), spread([1.0])
     (0.266, 0.0)
     """
-    ts = sorted(ts)
-    return (ts[-1] - ts[0]) / ts[len(ts) // 2] if ts else 0.0
+    return (max(ts) - min(ts)) / statistics.median_high(ts) if ts else 0.0
 
 
 def aa_ratio(plan, ms):
@@ -292,14 +292,11 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         row["errors"][label] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
-        def median(xs):
-            return sorted(xs)[len(xs) // 2]
-
         ok = [label for label in samples if label not in row["errors"]]
-        row["ms"] = {label: median(samples[label]) for label in ok}
+        row["ms"] = {label: statistics.median_high(samples[label]) for label in ok}
         # the same rounds expressed at the card's top clock (at_top_clock): compares implementations at equal
         # clocks where the card clocked down under some rounds and not others
-        row["ms_top_clock"] = {label: median([at_top_clock(t, c, top) for t, c in zip(samples[label], clocks[label])])
+        row["ms_top_clock"] = {label: statistics.median_high([at_top_clock(t, c, top) for t, c in zip(samples[label], clocks[label])])
                                for label in ok}
         row["rounds"] = {label: ts for label, ts in samples.items()}
         row["sm_mhz"] = clocks

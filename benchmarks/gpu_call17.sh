@@ -3,8 +3,8 @@
 #   1. bench_suite.py, dense group, no Flex (SUITE_S): do the top-clock ratios bring the A/A control (the same SDPA
 #      kernel timed as attntune and as itself) to ~1.0, and which clock reasons does the card report?
 #      -> $OUT/suite_<card>.json
-#   2. regret.py over the chunked_prefill family (REGRET_S; the only key of the 16 whose default leaves SMs idle): what the tuner's occupancy seeds do
-#      to the chunked-prefill key's 2.2-2.6 % regret -> $OUT/regret_<card>.json
+#   2. regret.py over the chunked_prefill family (REGRET_S; the only key of the 16 whose default leaves SMs idle):
+#      what the tuner's occupancy seeds do to its 2.2-2.6 % regret -> $OUT/regret_<card>.json
 #   3. the fidelity of the shipped cache's rows of this card in what is left of TOTAL_S, now with clock reasons and
 #      temperatures per row -> $OUT/fidelity_<card>.json
 # Logs beside them. Merge 2 and 3 into benchmarks/results/regret_<card>.json with regret.py --merge.
