@@ -1,0 +1,176 @@
+"""Where FP8-KV decode loses its bandwidth (#15): one split-K-free decode loop in four modes, side by side.
+
+``triton_decode`` reads an FP8 KV cache at ~3.4 TB/s (H200, B32 KV8192: 158 µs for 512 MB) while its bf16
+twin reads 4.4 TB/s. This probe bisects the loop on one big problem (one program per (batch, kv head), no
+``kv_lens``, no window, no split: nothing but the loop), each mode timed under CUDA graphs:
+
+* ``read``  — the same K/V tiles loaded as int32 words and xor-folded: the loop's bandwidth ceiling;
+* ``fp16``  — what ``triton_decode`` does: codes widened to fp16, two fp16 dots, online softmax;
+* ``qk8``   — q quantised to e4m3 per row inside the kernel, QKᵀ an FP8 dot on the raw K codes (no widening
+  of K), V widened as in ``fp16``;
+* ``all8``  — as ``qk8``, and P (in [0, 1]) cast to e4m3 for an FP8 PV dot on the raw V codes.
+
+Each compute mode is checked against a float32 reference (relative Frobenius error); the library's own
+``decode_attention`` (FP8 and bf16, default config) and SDPA bf16 are timed in the same run. The kernel here
+is a probe, not a variant: if a mode wins, it goes into ``kernels/triton_decode`` behind a knob.
+
+    python benchmarks/probe_fp8_decode.py --out $OUT/probe_fp8_decode.json   # GPU, ~1-2 min
+"""
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decode import time_graph  # noqa: E402
+from env import environment  # noqa: E402
+
+MODES = {"read": 0, "fp16": 1, "qk8": 2, "all8": 3}
+CASES = [(32, 8192, 32, 8), (64, 4096, 32, 8), (8, 32768, 32, 8)]  # (B, KV len, Hq, Hkv), D 128: 512 MB FP8
+GRID = dict(BLOCK_N=(128, 256), num_warps=(4, 8), num_stages=(2, 3))
+D = 128
+E4M3_MAX = 448.0
+
+
+@triton.jit
+def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, HKV, GROUP, qk_scale,
+                 MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """Q [B, HKV*GROUP, D] fp16, K/V [B, HKV, S, D] e4m3 codes (contiguous), scales [HKV] fp32, OUT
+    [B, HKV*GROUP, D] fp32 (MODE 0 writes its xor fold into OUT's first row of the group instead)."""
+    pid = tl.program_id(0)
+    b = pid // HKV
+    hkv = pid % HKV
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < GROUP
+    offs_d = tl.arange(0, D)
+    kv_base = (b.to(tl.int64) * HKV + hkv) * S * D
+    q_base = (b.to(tl.int64) * HKV * GROUP + hkv * GROUP) * D
+    if MODE == 0:
+        offs_w = tl.arange(0, D // 4)
+        fold = tl.zeros([BLOCK_N, D // 4], dtype=tl.int32)
+        K32 = K.to(tl.pointer_type(tl.int32))
+        V32 = V.to(tl.pointer_type(tl.int32))
+        for start in range(0, S, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            w = (kv_base // 4) + offs_n[:, None].to(tl.int64) * (D // 4) + offs_w[None, :]
+            fold = fold ^ tl.load(K32 + w) ^ tl.load(V32 + w)
+        tot = tl.sum(tl.sum(fold, 1), 0)
+        tl.store(OUT + q_base, tot.to(tl.float32))
+    else:
+        q = tl.load(Q + q_base + rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        scale = qk_scale * tl.load(K_SCALE + hkv)
+        if MODE >= 2:
+            # per-row e4m3 quantisation of q: q = q8 * qs
+            amax = tl.max(tl.abs(q.to(tl.float32)), 1)
+            qs = tl.where(amax > 0, amax / 448.0, 1.0)
+            q8 = (q.to(tl.float32) / qs[:, None]).to(tl.float8e4nv)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        for start in range(0, S, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            k = tl.load(K + kv_base + offs_n[None, :].to(tl.int64) * D + offs_d[:, None])  # [D, BLOCK_N]
+            v = tl.load(V + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :])  # [BLOCK_N, D]
+            if MODE >= 2:
+                s = tl.dot(q8, k) * (qs[:, None] * scale)
+            else:
+                s = tl.dot(q, k.to(tl.float16)) * scale
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if MODE == 3:
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float8e4nv), v)
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
+            m_i = m_new
+        o = acc / l_i[:, None] * tl.load(V_SCALE + hkv)
+        tl.store(OUT + q_base + rows[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+
+
+def launch(mode, q16, k8, v8, ks, vs, out, cfg, group):
+    B, hkv, S, _ = k8.shape
+    qk_scale = D ** -0.5 * 1.4426950408889634
+    probe_kernel[(B * hkv,)](q16, k8, v8, out, ks, vs, S, hkv, group, qk_scale, MODE=MODES[mode],
+                             BLOCK_M=16, BLOCK_N=cfg["BLOCK_N"], D=D, num_warps=cfg["num_warps"],
+                             num_stages=cfg["num_stages"])
+    return out
+
+
+def case(b, s, hq, hkv, modes, grid):
+    from attntune import fp8
+    from attntune.kernels.triton_decode.op import decode_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(b, hq, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k8, v8, ks, vs = fp8.quantize_kv(k, v)
+    ks, vs = ks.reshape(hkv).float().contiguous(), vs.reshape(hkv).float().contiguous()
+    q16 = q.reshape(b, hq, D).half().contiguous()
+    exact = F.scaled_dot_product_attention(q.float(), (k8.float() * ks.view(1, hkv, 1, 1)),
+                                           (v8.float() * vs.view(1, hkv, 1, 1)), enable_gqa=True).reshape(b, hq, D)
+    fp8_bytes = 2 * k8.numel()
+    rec = {"B": b, "kv_len": s, "Hq": hq, "Hkv": hkv, "D": D, "fp8_bytes": fp8_bytes, "modes": {}, "lib": {}}
+    lens = torch.full((b,), s, device="cuda", dtype=torch.int32)
+    lib = {"triton_decode_fp8": lambda: decode_attention(q, k8, v8, kv_lens=lens, k_scale=ks, v_scale=vs),
+           "triton_decode_bf16": lambda: decode_attention(q, k, v, kv_lens=lens),
+           "sdpa_bf16": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)}
+    for name, fn in lib.items():
+        try:
+            fn()
+            t = time_graph(fn)
+            rec["lib"][name] = {"us": round(t, 2), "tbps": round((fp8_bytes * (2 if "bf16" in name else 1))
+                                                                  / (t * 1e-6) / 1e12, 3)}
+        except Exception as e:  # noqa: BLE001 — report, go on
+            rec["lib"][name] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+    out = torch.empty(b, hq, D, device="cuda", dtype=torch.float32)
+    for mode in modes:
+        rows = []
+        for vals in itertools.product(*grid.values()):
+            cfg = dict(zip(grid, vals))
+            try:
+                launch(mode, q16, k8, v8, ks, vs, out, cfg, hq // hkv)
+                torch.cuda.synchronize()
+                err = None if mode == "read" else ((out - exact).norm() / exact.norm()).item()
+                t = time_graph(lambda: launch(mode, q16, k8, v8, ks, vs, out, cfg, hq // hkv), rep=20)
+                rows.append({"cfg": cfg, "us": round(t, 2), "tbps": round(fp8_bytes / (t * 1e-6) / 1e12, 3),
+                             "rel_err": err})
+            except Exception as e:  # noqa: BLE001 — out of resources, or a dot the compiler refuses
+                rows.append({"cfg": cfg, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+        ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+        rec["modes"][mode] = {"best": ok[0] if ok else None, "rows": rows}
+        print(b, s, mode, ok[0] if ok else rows[:1], flush=True)
+    return rec
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--cases", type=int, default=len(CASES), help="the first N of CASES")
+    ap.add_argument("--time-limit", type=float, default=150.0, help="no new case after this many seconds")
+    args = ap.parse_args()
+    t0 = time.time()
+    res = {"benchmark": "probe_fp8_decode", "environment": environment(), "grid": GRID, "cases": []}
+    for c in CASES[:args.cases]:
+        if time.time() - t0 > args.time_limit:
+            res.setdefault("skipped", []).append(list(c))
+            continue
+        res["cases"].append(case(*c, args.modes.split(","), GRID))
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    res["elapsed_s"] = round(time.time() - t0, 1)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
