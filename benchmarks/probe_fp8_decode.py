@@ -40,10 +40,12 @@ E4M3_MAX = 448.0
 
 
 @triton.jit
-def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, HKV, GROUP, qk_scale,
+def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, S_READ, HKV, GROUP, qk_scale,
                  MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
     """Q [B, HKV*GROUP, D] fp16, K/V [B, HKV, S, D] e4m3 codes (contiguous), scales [HKV] fp32, OUT
-    [B, HKV*GROUP, D] fp32 (MODE 0 writes its xor fold into OUT's first row of the group instead)."""
+    [B, HKV*GROUP, D] fp32 (MODE 0 writes its xor fold into OUT's first row of the group instead). The loop
+    visits S keys but reads key ``n % S_READ`` (a multiple of BLOCK_N): S_READ = S is the real problem, a small
+    S_READ keeps the bytes in L2 and leaves the loop's compute cost (what bounds it once HBM is fast enough)."""
     pid = tl.program_id(0)
     b = pid // HKV
     hkv = pid % HKV
@@ -58,7 +60,7 @@ def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, HKV, GROUP, qk_scale,
         K32 = K.to(tl.pointer_type(tl.int32))
         V32 = V.to(tl.pointer_type(tl.int32))
         for start in range(0, S, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
+            offs_n = start % S_READ + tl.arange(0, BLOCK_N)
             w = (kv_base // 4) + offs_n[:, None].to(tl.int64) * (D // 4) + offs_w[None, :]
             fold = fold ^ tl.load(K32 + w) ^ tl.load(V32 + w)
         tot = tl.sum(tl.sum(fold, 1), 0)
@@ -75,7 +77,7 @@ def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, HKV, GROUP, qk_scale,
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         for start in range(0, S, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
+            offs_n = start % S_READ + tl.arange(0, BLOCK_N)
             k = tl.load(K + kv_base + offs_n[None, :].to(tl.int64) * D + offs_d[:, None])  # [D, BLOCK_N]
             v = tl.load(V + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :])  # [BLOCK_N, D]
             if MODE >= 2:
@@ -95,16 +97,16 @@ def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, HKV, GROUP, qk_scale,
         tl.store(OUT + q_base + rows[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
 
 
-def launch(mode, q16, k8, v8, ks, vs, out, cfg, group):
+def launch(mode, q16, k8, v8, ks, vs, out, cfg, group, s_read=None):
     B, hkv, S, _ = k8.shape
     qk_scale = D ** -0.5 * 1.4426950408889634
-    probe_kernel[(B * hkv,)](q16, k8, v8, out, ks, vs, S, hkv, group, qk_scale, MODE=MODES[mode],
+    probe_kernel[(B * hkv,)](q16, k8, v8, out, ks, vs, S, s_read or S, hkv, group, qk_scale, MODE=MODES[mode],
                              BLOCK_M=16, BLOCK_N=cfg["BLOCK_N"], D=D, num_warps=cfg["num_warps"],
                              num_stages=cfg["num_stages"])
     return out
 
 
-def case(b, s, hq, hkv, modes, grid):
+def case(b, s, hq, hkv, modes, grid, l2_keys=0):
     from attntune import fp8
     from attntune.kernels.triton_decode.op import decode_attention
 
@@ -148,6 +150,23 @@ def case(b, s, hq, hkv, modes, grid):
         ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
         rec["modes"][mode] = {"best": ok[0] if ok else None, "rows": rows}
         print(b, s, mode, ok[0] if ok else rows[:1], flush=True)
+        if l2_keys:
+            # the same work with the reads in L2: tbps_equiv = the real problem's bytes / this time
+            l2 = []
+            for vals in itertools.product(*grid.values()):
+                cfg = dict(zip(grid, vals))
+                if l2_keys % cfg["BLOCK_N"]:
+                    continue
+                try:
+                    t = time_graph(lambda: launch(mode, q16, k8, v8, ks, vs, out, cfg, hq // hkv, l2_keys), rep=20)
+                    l2.append({"cfg": cfg, "us": round(t, 2), "tbps_equiv": round(fp8_bytes / (t * 1e-6) / 1e12, 3)})
+                except Exception as e:  # noqa: BLE001
+                    l2.append({"cfg": cfg, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+            ok2 = sorted((r for r in l2 if "us" in r), key=lambda r: r["us"])
+            rec["modes"][mode]["l2_keys"] = l2_keys
+            rec["modes"][mode]["l2_best"] = ok2[0] if ok2 else None
+            rec["modes"][mode]["l2_rows"] = l2
+            print(b, s, mode, "L2", ok2[0] if ok2 else l2[:1], flush=True)
     return rec
 
 
@@ -156,6 +175,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--cases", type=int, default=len(CASES), help="the first N of CASES")
+    ap.add_argument("--l2-keys", type=int, default=0,
+                    help="also time each mode reading only the first N keys of each (batch, kv head), in L2")
     ap.add_argument("--time-limit", type=float, default=150.0, help="no new case after this many seconds")
     args = ap.parse_args()
     t0 = time.time()
@@ -164,7 +185,7 @@ def main():
         if time.time() - t0 > args.time_limit:
             res.setdefault("skipped", []).append(list(c))
             continue
-        res["cases"].append(case(*c, args.modes.split(","), GRID))
+        res["cases"].append(case(*c, args.modes.split(","), GRID, args.l2_keys))
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
     res["elapsed_s"] = round(time.time() - t0, 1)
