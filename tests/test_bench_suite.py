@@ -9,7 +9,7 @@ from helpers import bench_module, doctest_results
 
 def test_the_suite_rotates_its_rounds_and_reports_its_noise_floor():
     suite = bench_module("bench_suite")
-    for fn in (suite.round_order, suite.spread, suite.aa_ratio, suite.rep_ms, suite.at_top_clock):
+    for fn in (suite.round_order, suite.spread, suite.aa_ratio, suite.rep_ms):
         res = doctest_results(fn)
         assert res and all(failed == 0 for _, failed in res) and sum(n for n, _ in res) == 1, fn.__name__
     # every implementation leads exactly one round in every len(names) rounds
