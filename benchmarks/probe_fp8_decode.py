@@ -8,7 +8,11 @@ twin reads 4.4 TB/s. This probe bisects the loop on one big problem (one program
 * ``fp16``  — what ``triton_decode`` does: codes widened to fp16, two fp16 dots, online softmax;
 * ``qk8``   — q quantised to e4m3 per row inside the kernel, QKᵀ an FP8 dot on the raw K codes (no widening
   of K), V widened as in ``fp16``;
-* ``all8``  — as ``qk8``, and P (in [0, 1]) cast to e4m3 for an FP8 PV dot on the raw V codes.
+* ``all8``  — as ``qk8``, and P (in [0, 1]) cast to e4m3 for an FP8 PV dot on the raw V codes;
+* ``dots``  — ``fp16`` without the softmax (the scores go straight into the PV dot: wrong output, the cost of
+  loads, widening and dots alone);
+* ``nopv``  — ``fp16`` without the PV dot (V still loaded and widened, folded into the row sums: wrong output,
+  the cost of everything but that dot).
 
 Each compute mode is checked against a float32 reference (relative Frobenius error); the library's own
 ``decode_attention`` (FP8 and bf16, default config) and SDPA bf16 are timed in the same run. The kernel here
@@ -32,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import time_graph  # noqa: E402
 from env import environment  # noqa: E402
 
-MODES = {"read": 0, "fp16": 1, "qk8": 2, "all8": 3}
+MODES = {"read": 0, "fp16": 1, "qk8": 2, "all8": 3, "dots": 4, "nopv": 5}
 CASES = [(32, 8192, 32, 8), (64, 4096, 32, 8), (8, 32768, 32, 8)]  # (B, KV len, Hq, Hkv), D 128: 512 MB FP8
 GRID = dict(BLOCK_N=(128, 256), num_warps=(4, 8), num_stages=(2, 3))
 D = 128
@@ -68,7 +72,7 @@ def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, S_READ, HKV, GROUP, qk_scale
     else:
         q = tl.load(Q + q_base + rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         scale = qk_scale * tl.load(K_SCALE + hkv)
-        if MODE >= 2:
+        if MODE == 2 or MODE == 3:
             # per-row e4m3 quantisation of q: q = q8 * qs
             amax = tl.max(tl.abs(q.to(tl.float32)), 1)
             qs = tl.where(amax > 0, amax / 448.0, 1.0)
@@ -80,15 +84,24 @@ def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, S_READ, HKV, GROUP, qk_scale
             offs_n = start % S_READ + tl.arange(0, BLOCK_N)
             k = tl.load(K + kv_base + offs_n[None, :].to(tl.int64) * D + offs_d[:, None])  # [D, BLOCK_N]
             v = tl.load(V + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :])  # [BLOCK_N, D]
-            if MODE >= 2:
+            if MODE == 2 or MODE == 3:
                 s = tl.dot(q8, k) * (qs[:, None] * scale)
             else:
                 s = tl.dot(q, k.to(tl.float16)) * scale
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if MODE == 3:
+            if MODE == 4:
+                acc += tl.dot(s.to(tl.float16), v.to(tl.float16))
+                l_i += 1.0
+                m_new = m_i
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+            if MODE == 5:
+                acc = acc * alpha[:, None] + tl.sum(v.to(tl.float16).to(tl.float32), 0)[None, :]
+            elif MODE == 4:
+                pass
+            elif MODE == 3:
                 acc = acc * alpha[:, None] + tl.dot(p.to(tl.float8e4nv), v)
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
@@ -175,17 +188,19 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--cases", type=int, default=len(CASES), help="the first N of CASES")
+    ap.add_argument("--grid", type=json.loads, default=None, help='JSON overriding GRID, e.g. {"num_stages": [1, 2]}')
     ap.add_argument("--l2-keys", type=int, default=0,
                     help="also time each mode reading only the first N keys of each (batch, kv head), in L2")
     ap.add_argument("--time-limit", type=float, default=150.0, help="no new case after this many seconds")
     args = ap.parse_args()
     t0 = time.time()
-    res = {"benchmark": "probe_fp8_decode", "environment": environment(), "grid": GRID, "cases": []}
+    grid = {**GRID, **{k: tuple(v) for k, v in (args.grid or {}).items()}}
+    res = {"benchmark": "probe_fp8_decode", "environment": environment(), "grid": grid, "cases": []}
     for c in CASES[:args.cases]:
         if time.time() - t0 > args.time_limit:
             res.setdefault("skipped", []).append(list(c))
             continue
-        res["cases"].append(case(*c, args.modes.split(","), GRID, args.l2_keys))
+        res["cases"].append(case(*c, args.modes.split(","), grid, args.l2_keys))
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
     res["elapsed_s"] = round(time.time() - t0, 1)
