@@ -12,7 +12,9 @@ twin reads 4.4 TB/s. This probe bisects the loop on one big problem (one program
 * ``dots``  — ``fp16`` without the softmax (the scores go straight into the PV dot: wrong output, the cost of
   loads, widening and dots alone);
 * ``nopv``  — ``fp16`` without the PV dot (V still loaded and widened, folded into the row sums: wrong output,
-  the cost of everything but that dot).
+  the cost of everything but that dot);
+* ``fp16t`` — ``fp16`` with K loaded as stored (``[BLOCK_N, D]``, D contiguous) and transposed for the dot
+  (``tl.trans``) instead of loaded transposed: another shared-memory layout for the compiler to pick.
 
 Each compute mode is checked against a float32 reference (relative Frobenius error); the library's own
 ``decode_attention`` (FP8 and bf16, default config) and SDPA bf16 are timed in the same run. The kernel here
@@ -36,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import time_graph  # noqa: E402
 from env import environment  # noqa: E402
 
-MODES = {"read": 0, "fp16": 1, "qk8": 2, "all8": 3, "dots": 4, "nopv": 5}
+MODES = {"read": 0, "fp16": 1, "qk8": 2, "all8": 3, "dots": 4, "nopv": 5, "fp16t": 6}
 CASES = [(32, 8192, 32, 8), (64, 4096, 32, 8), (8, 32768, 32, 8)]  # (B, KV len, Hq, Hkv), D 128: 512 MB FP8
 GRID = dict(BLOCK_N=(128, 256), num_warps=(4, 8), num_stages=(2, 3))
 D = 128
@@ -82,7 +84,10 @@ def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, S_READ, HKV, GROUP, qk_scale
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         for start in range(0, S, BLOCK_N):
             offs_n = start % S_READ + tl.arange(0, BLOCK_N)
-            k = tl.load(K + kv_base + offs_n[None, :].to(tl.int64) * D + offs_d[:, None])  # [D, BLOCK_N]
+            if MODE == 6:
+                k = tl.trans(tl.load(K + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :]))
+            else:
+                k = tl.load(K + kv_base + offs_n[None, :].to(tl.int64) * D + offs_d[:, None])  # [D, BLOCK_N]
             v = tl.load(V + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :])  # [BLOCK_N, D]
             if MODE == 2 or MODE == 3:
                 s = tl.dot(q8, k) * (qs[:, None] * scale)
