@@ -14,13 +14,21 @@ twin reads 4.4 TB/s. This probe bisects the loop on one big problem (one program
 * ``nopv``  — ``fp16`` without the PV dot (V still loaded and widened, folded into the row sums: wrong output,
   the cost of everything but that dot);
 * ``fp16t`` — ``fp16`` with K loaded as stored (``[BLOCK_N, D]``, D contiguous) and transposed for the dot
-  (``tl.trans``) instead of loaded transposed: another shared-memory layout for the compiler to pick.
+  (``tl.trans``) instead of loaded transposed: another shared-memory layout for the compiler to pick;
+* ``swap``  — the keys as the dots' M dimension (``swap_kernel``): Sᵀ = K·qᵀ ([BLOCK_N, 16], K the A operand,
+  qᵀ loaded once) and Oᵀ += Vᵀ·Pᵀ ([D, 16]): M >= 64 lets Hopper take wgmma with A from registers;
+* ``swap_qk`` — only QKᵀ swapped, PV as in ``fp16`` (Pᵀ transposed back);
+* ``vt``    — ``fp16`` over a V cache stored keys-contiguous (``[B, Hkv, D, S]``, a layout the cache would be
+  written in): the PV dot's B operand then has its K dimension (keys) contiguous, like K's for QKᵀ. With V as
+  stored (``[B, Hkv, S, D]``) Triton 3.6 reads that e4m3 operand from shared memory one byte at a time
+  (``ld.shared.b8``: no transposing ldmatrix for 8-bit types on sm_90; see ``--ptx``).
 
 Each compute mode is checked against a float32 reference (relative Frobenius error); the library's own
 ``decode_attention`` (FP8 and bf16, default config) and SDPA bf16 are timed in the same run. The kernel here
 is a probe, not a variant: if a mode wins, it goes into ``kernels/triton_decode`` behind a knob.
 
     python benchmarks/probe_fp8_decode.py --out $OUT/probe_fp8_decode.json   # GPU, ~1-2 min
+    python benchmarks/probe_fp8_decode.py --ptx                               # CPU: PTX counts per mode
 """
 import argparse
 import itertools
@@ -38,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import time_graph  # noqa: E402
 from env import environment  # noqa: E402
 
-MODES = {"read": 0, "fp16": 1, "qk8": 2, "all8": 3, "dots": 4, "nopv": 5, "fp16t": 6}
+MODES = {"read": 0, "fp16": 1, "qk8": 2, "all8": 3, "dots": 4, "nopv": 5, "fp16t": 6, "swap": 7, "swap_qk": 8, "vt": 9}
 CASES = [(32, 8192, 32, 8), (64, 4096, 32, 8), (8, 32768, 32, 8)]  # (B, KV len, Hq, Hkv), D 128: 512 MB FP8
 GRID = dict(BLOCK_N=(128, 256), num_warps=(4, 8), num_stages=(2, 3))
 D = 128
@@ -88,7 +96,10 @@ def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, S_READ, HKV, GROUP, qk_scale
                 k = tl.trans(tl.load(K + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :]))
             else:
                 k = tl.load(K + kv_base + offs_n[None, :].to(tl.int64) * D + offs_d[:, None])  # [D, BLOCK_N]
-            v = tl.load(V + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :])  # [BLOCK_N, D]
+            if MODE == 9:  # V given as [.., D, S]: the tile read as [D, BLOCK_N] and transposed
+                v = tl.trans(tl.load(V + kv_base + offs_d[:, None] * S + (offs_n[None, :]).to(tl.int64)))
+            else:
+                v = tl.load(V + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :])  # [BLOCK_N, D]
             if MODE == 2 or MODE == 3:
                 s = tl.dot(q8, k) * (qs[:, None] * scale)
             else:
@@ -115,9 +126,59 @@ def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, S_READ, HKV, GROUP, qk_scale
         tl.store(OUT + q_base + rows[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
 
 
+@triton.jit
+def swap_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, S_READ, HKV, GROUP, qk_scale,
+                SWAP_PV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """``probe_kernel``'s fp16 mode with the keys as M: the group's query rows are the N dimension (BLOCK_M
+    columns, GROUP of them real), the softmax runs down the columns."""
+    pid = tl.program_id(0)
+    b = pid // HKV
+    hkv = pid % HKV
+    cols = tl.arange(0, BLOCK_M)
+    col_ok = cols < GROUP
+    offs_d = tl.arange(0, D)
+    kv_base = (b.to(tl.int64) * HKV + hkv) * S * D
+    q_base = (b.to(tl.int64) * HKV * GROUP + hkv * GROUP) * D
+    q_t = tl.load(Q + q_base + cols[None, :] * D + offs_d[:, None], mask=col_ok[None, :], other=0.0)  # [D, BM]
+    scale = qk_scale * tl.load(K_SCALE + hkv)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if SWAP_PV:
+        acc_t = tl.zeros([D, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start in range(0, S, BLOCK_N):
+        offs_n = start % S_READ + tl.arange(0, BLOCK_N)
+        k = tl.load(K + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :])  # [BLOCK_N, D]
+        v = tl.load(V + kv_base + offs_n[:, None].to(tl.int64) * D + offs_d[None, :])  # [BLOCK_N, D]
+        s_t = tl.dot(k.to(tl.float16), q_t) * scale  # [BLOCK_N, BLOCK_M]
+        m_new = tl.maximum(m_i, tl.max(s_t, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p_t = tl.exp2(s_t - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p_t, 0)
+        if SWAP_PV:
+            acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(v.to(tl.float16)), p_t.to(tl.float16))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(tl.trans(p_t.to(tl.float16)), v.to(tl.float16))
+        m_i = m_new
+    vsc = tl.load(V_SCALE + hkv)
+    if SWAP_PV:
+        o_t = acc_t / l_i[None, :] * vsc
+        tl.store(OUT + q_base + cols[None, :] * D + offs_d[:, None], o_t, mask=col_ok[None, :])
+    else:
+        o = acc / l_i[:, None] * vsc
+        tl.store(OUT + q_base + cols[:, None] * D + offs_d[None, :], o, mask=col_ok[:, None])
+
+
 def launch(mode, q16, k8, v8, ks, vs, out, cfg, group, s_read=None):
+    """One probe launch; ``v8`` is ``[B, Hkv, D, S]`` for mode ``vt``, ``[B, Hkv, S, D]`` otherwise."""
     B, hkv, S, _ = k8.shape
     qk_scale = D ** -0.5 * 1.4426950408889634
+    if mode in ("swap", "swap_qk"):
+        swap_kernel[(B * hkv,)](q16, k8, v8, out, ks, vs, S, s_read or S, hkv, group, qk_scale,
+                                SWAP_PV=mode == "swap", BLOCK_M=16, BLOCK_N=cfg["BLOCK_N"], D=D,
+                                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        return out
     probe_kernel[(B * hkv,)](q16, k8, v8, out, ks, vs, S, s_read or S, hkv, group, qk_scale, MODE=MODES[mode],
                              BLOCK_M=16, BLOCK_N=cfg["BLOCK_N"], D=D, num_warps=cfg["num_warps"],
                              num_stages=cfg["num_stages"])
@@ -152,15 +213,17 @@ def case(b, s, hq, hkv, modes, grid, l2_keys=0):
         except Exception as e:  # noqa: BLE001 — report, go on
             rec["lib"][name] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
     out = torch.empty(b, hq, D, device="cuda", dtype=torch.float32)
+    v8t = v8.transpose(-1, -2).contiguous() if "vt" in modes else None  # [B, Hkv, D, S], mode vt's cache
     for mode in modes:
+        vv = v8t if mode == "vt" else v8
         rows = []
         for vals in itertools.product(*grid.values()):
             cfg = dict(zip(grid, vals))
             try:
-                launch(mode, q16, k8, v8, ks, vs, out, cfg, hq // hkv)
+                launch(mode, q16, k8, vv, ks, vs, out, cfg, hq // hkv)
                 torch.cuda.synchronize()
                 err = None if mode == "read" else ((out - exact).norm() / exact.norm()).item()
-                t = time_graph(lambda: launch(mode, q16, k8, v8, ks, vs, out, cfg, hq // hkv), rep=20)
+                t = time_graph(lambda: launch(mode, q16, k8, vv, ks, vs, out, cfg, hq // hkv), rep=20)
                 rows.append({"cfg": cfg, "us": round(t, 2), "tbps": round(fp8_bytes / (t * 1e-6) / 1e12, 3),
                              "rel_err": err})
             except Exception as e:  # noqa: BLE001 — out of resources, or a dot the compiler refuses
@@ -176,7 +239,7 @@ def case(b, s, hq, hkv, modes, grid, l2_keys=0):
                 if l2_keys % cfg["BLOCK_N"]:
                     continue
                 try:
-                    t = time_graph(lambda: launch(mode, q16, k8, v8, ks, vs, out, cfg, hq // hkv, l2_keys), rep=20)
+                    t = time_graph(lambda: launch(mode, q16, k8, vv, ks, vs, out, cfg, hq // hkv, l2_keys), rep=20)
                     l2.append({"cfg": cfg, "us": round(t, 2), "tbps_equiv": round(fp8_bytes / (t * 1e-6) / 1e12, 3)})
                 except Exception as e:  # noqa: BLE001
                     l2.append({"cfg": cfg, "error": f"{type(e).__name__}: {str(e)[:160]}"})
@@ -188,9 +251,55 @@ def case(b, s, hq, hkv, modes, grid, l2_keys=0):
     return rec
 
 
+PTX_PATTERNS = ("ld.shared.b8", "ld.shared.b16", "ld.shared.v2", "ld.shared.v4", "st.shared", "ldmatrix",
+                "cp.async.cg", "cp.async.ca", "wgmma.mma_async", "mma.sync", "cvt.rn.f16x2.e4m3x2", "ex2.approx")
+
+
+def ptx_counts(modes, block_n=128, num_warps=4, num_stages=2, arch=90):
+    """Compile each compute mode for ``sm_{arch}`` without a GPU (what the installed Triton emits) and count
+    the instructions that tell where the operands go: shared-memory stores/loads, ldmatrix, cp.async, the MMA
+    flavour (``mma.sync`` or Hopper's ``wgmma``), e4m3 widenings, exp2. Static counts in the PTX, not executions.
+
+    >>> c = ptx_counts(["swap"])["swap"]  # doctest: +SKIP
+    """
+    import collections
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {"Q": "*fp16", "K": "*fp8e4nv", "V": "*fp8e4nv", "OUT": "*fp32", "K_SCALE": "*fp32", "V_SCALE": "*fp32",
+           "S": "i32", "S_READ": "i32", "HKV": "i32", "GROUP": "i32", "qk_scale": "fp32"}
+    res = {}
+    for mode in modes:
+        if mode == "read":
+            continue
+        fn, ce = ((swap_kernel, {"SWAP_PV": mode == "swap"}) if mode.startswith("swap")
+                  else (probe_kernel, {"MODE": MODES[mode]}))
+        ce = dict(ce, BLOCK_M=16, BLOCK_N=block_n, D=D)
+        # what the runtime specialises at a launch: 16-byte aligned pointers, lengths divisible by 16
+        names = list({**sig, **ce})
+        attrs = {(names.index(n),): [["tt.divisibility", 16]]
+                 for n in ("Q", "K", "V", "OUT", "K_SCALE", "V_SCALE", "S", "S_READ")}
+        try:
+            k = triton.compile(ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in ce}}, constexprs=ce,
+                                         attrs=attrs),
+                               target=GPUTarget("cuda", arch, 32),
+                               options={"num_warps": num_warps, "num_stages": num_stages})
+        except Exception as e:  # noqa: BLE001 — a mode this Triton cannot compile
+            res[mode] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            continue
+        ptx = k.asm["ptx"]
+        res[mode] = collections.Counter({p_: len(re.findall(re.escape(p_), ptx)) for p_ in PTX_PATTERNS})
+        res[mode]["shared_bytes"] = k.metadata.shared
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--ptx", action="store_true",
+                    help="no GPU: compile the modes for sm_90 and print their PTX instruction counts (--out ignored)")
+    ap.add_argument("--out")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--cases", type=int, default=len(CASES), help="the first N of CASES")
     ap.add_argument("--grid", type=json.loads, default=None, help='JSON overriding GRID, e.g. {"num_stages": [1, 2]}')
@@ -198,6 +307,13 @@ def main():
                     help="also time each mode reading only the first N keys of each (batch, kv head), in L2")
     ap.add_argument("--time-limit", type=float, default=150.0, help="no new case after this many seconds")
     args = ap.parse_args()
+    if args.ptx:
+        print(f"triton {triton.__version__}, sm_90, BLOCK_N 128, 4 warps, 2 stages")
+        for mode, c in ptx_counts(args.modes.split(",")).items():
+            print(f"{mode:8s} {dict(c)}")
+        return
+    if not args.out:
+        ap.error("--out is required (or --ptx)")
     t0 = time.time()
     grid = {**GRID, **{k: tuple(v) for k, v in (args.grid or {}).items()}}
     res = {"benchmark": "probe_fp8_decode", "environment": environment(), "grid": grid, "cases": []}
