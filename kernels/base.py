@@ -29,6 +29,7 @@ from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequ
 
 import torch
 
+from attntune.kernels import equivalences
 from attntune.problem import AttentionProblem
 
 Config = Dict[str, Any]
@@ -114,11 +115,6 @@ class Variant(abc.ABC):
     family: ClassVar[str] = "other"
     #: modules whose source defines this variant's numerics/speed (hashed into the fingerprint)
     source_modules: ClassVar[Sequence[str]] = ()
-    #: Source hashes of earlier versions whose rows stay valid, each with why. Only for a change that cannot
-    #: move what a row records (its winner's output and time) yet touched a hashed module — e.g. code that
-    #: decides which problems a variant is *offered* moving out of it. Reviewed by hand, never automatic; a
-    #: change that could move a row's output or time never goes here (its rows must re-tune).
-    equivalent_sources: ClassVar[Dict[str, str]] = {}
     #: False when ``space(problem)`` depends only on what a plan's family fixes exactly (dtype, head
     #: dims, heads, mask kind, mode, device — not batch or sequence lengths): a config valid for one
     #: shape of a family is then valid for all of them, and :meth:`reuse_reasons` skips re-validating it.
@@ -215,9 +211,17 @@ class Variant(abc.ABC):
     def source_hash(self) -> str:
         return self._hash
 
+    @property
+    def equivalent_sources(self) -> Dict[str, str]:
+        """Source hashes of earlier versions whose rows stay valid, each with why (declared in
+        :mod:`attntune.kernels.equivalences`, which says when; they hold only for the source they were declared
+        against)."""
+        return equivalences.earlier(self.name)
+
     def accepts_source(self, stored_hash: str) -> bool:
-        """True when a row written under ``stored_hash`` measured this variant as it runs now."""
-        return stored_hash == self._hash or stored_hash in self.equivalent_sources
+        """True when a row written under ``stored_hash`` measured this variant as it runs now: the same source,
+        or one declared equivalent to this very source (:mod:`attntune.kernels.equivalences`)."""
+        return equivalences.accepts(self.name, self._hash, stored_hash)
 
     def __repr__(self) -> str:
         return f"<variant {self.name}>"

@@ -71,9 +71,6 @@ class FlexVariant(Variant):
     # inside of vmap" (the flex HOP's eager path), which quarantined Flex for the whole process; CPU, torch
     # 2.13: a fake-tensor error in the inner compile, warmed up or not (benchmarks/bench_compile_train.py)
     runs_in_compiled_op = False
-    # rows written before that flag (base.Variant.equivalent_sources): where the variant is offered, not how
-    # it runs
-    equivalent_sources = {"909236a6a6585044": "runs_in_compiled_op added (which calls it serves, not how)"}
 
     def supports(self, problem: AttentionProblem) -> List[str]:
         reasons = []

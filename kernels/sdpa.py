@@ -90,16 +90,6 @@ class SdpaVariant(Variant):
     family = "sdpa"
     space_depends_on_lengths = False  # no tunables
     source_modules = ("attntune.kernels.sdpa", "attntune.kernels.masks")
-    # Rows written before 2026-12-05's two changes, neither of which moves what a row recorded
-    # (base.Variant.equivalent_sources): the support probe moved to attntune.kernels.sdpa_probe (which
-    # problems a backend is offered, not how it runs), and _sdpa_with took a lock and keeps backends the user
-    # switched off — under tuning (one thread, every backend on) the same backend runs the same call; an
-    # uncontended lock is ~0.1 µs against calls of microseconds and more
-    equivalent_sources = {h: "support probe moved out; flag lock (same backend, same call)" for h in (
-        "20cd2aa7960935e1", "f5e69bedc2bb69b0", "4374dd162bd70809", "5c67b698f603b478", "b5570c9b38c9fe8d")}
-    # 2026-12-06: forward_saving/backward_saved added, for the compiled training op only (run() unchanged)
-    equivalent_sources.update({h: "forward_saving/backward_saved added (compiled op only; run() unchanged)" for h in (
-        "b0fe6f7eb44a0b05", "0171c356b7f09c6e", "1b969969a98961bf", "e0b32c8214eaeffd", "4fb7c3059213c828")})
 
     def __init__(self, name: str, backend: Optional[SDPBackend], description: str,
                  gpu_only: bool, gpu_dtypes: tuple, native_gqa: bool):

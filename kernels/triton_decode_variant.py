@@ -52,12 +52,6 @@ class TritonDecodeVariant(Variant):
     # FP8 K/V caches: codes widened in registers, K's scale folded into the softmax scale, V's applied to
     # the output (kernels/triton_decode/jit.py)
     kv_dtypes = tuple(KV_DTYPES)
-    # Rows written before the flash op launched through FastKernel too (kernels/triton_launch.py: int_classes
-    # moved there from this op's launch.py, an ``opts`` argument and Triton's own path under a
-    # torch.compile trace); this op's kernels, plans and launch arguments are unchanged
-    equivalent_sources = {"169de08f70474440": "FastKernel shared with the flash op (launches unchanged)",
-                          # int_classes memoised (host side): the H200 FP8 rows re-tuned on 2026-12-06
-                          "6e0977a148787891": "int_classes memoised (launches unchanged)"}
     source_modules = (
         "attntune.kernels.launch_config",
         "attntune.kernels.triton_common",

@@ -57,23 +57,6 @@ class FlashVariantBase(Variant):
     # FP8 K/V (the forward only): both dots on FP8 tensor cores, q and P quantised in the kernel
     kv_dtypes = tuple(KV_DTYPES)
     fp8_dots = True
-    # Rows written before forward_saving/backward_saved were added (base.Variant.equivalent_sources): two
-    # methods that only the compiled op's backward calls (kernels/triton_flash/saved.py); run(), the
-    # kernels and their launches — what a row timed — are unchanged (triton_flash, triton_local)
-    equivalent_sources = {h: "forward_saving/backward_saved added (compiled backward only)"
-                          for h in ("c5e7f5b6c556eeba", "b4741aae0dd8c689")}
-    # and before the D<=64 16-bit default backward config changed (config.default_bwd_config): the default
-    # serves untuned calls only — a row's stored config parses and runs as before
-    equivalent_sources.update({h: "default backward config for D<=64 changed (untuned calls only)"
-                               for h in ("afeda8c13b233cbf", "b2d8ac1b6e2aa73d")})
-    # and before the kernels launched through FastKernel (kernels/triton_launch.py, now hashed too): the same
-    # kernels with the same arguments, launched by the compiled kernel's launcher after the first call
-    equivalent_sources.update({h: "launched through FastKernel (same kernels and arguments)"
-                               for h in ("42c622b524deff6f", "7bfe9d1bb30e31e8")})
-    # and before two host-side trims of the launch (an integer ceil for triton.cdiv, memoised integer classes):
-    # the rows the H200 re-tuned on 2026-12-06 were timed with the same kernels and arguments
-    equivalent_sources.update({h: "launch host path trimmed (same kernels and arguments)"
-                               for h in ("e79dd8b43c056ecd", "52bc71fd4da7c522")})
 
     def supports(self, problem: AttentionProblem) -> list[str]:
         return flash_reasons(problem)
