@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call for docs/wip/fp8-decode-vkeys.patch (#15: FP8-KV decode with V stored keys-contiguous), any
+# Hopper card (~5-6 min). The patch is applied to this copy of the tree only.
+#   1. the static picture first (no GPU needed): PTX counts of the probe's modes -> $OUT/ptx.txt
+#   2. probe_fp8_decode.py, modes fp16 / vt, from HBM and L2-resident (B32 KV8192): does reading V keys-contiguous
+#      lower the loop's own cost (131 µs L2-resident on the H100 on 2026-12-07)? -> $OUT/probe_vt_<card>.json
+#   3. with the patch: the decode and FP8-decode GPU tests (odd shapes, windows, kv_lens, the keys layout bit for
+#      bit against the d layout) -> $OUT/gpu_tests_vkeys.log
+#   4. with the patch: bench_fp8.py --quick --no-prefill: fp8_decode (V as stored) and fp8_decode_vkeys side by
+#      side with SDPA bf16, default config and swept -> $OUT/fp8_vkeys_<card>.json
+# Land the patch only if 3 passes and 4 shows fp8_decode_vkeys faster; landing stales the shipped decode rows
+# (tests/test_equivalences.py and tests/test_shipped_cache.py say so): re-tune them or list the H200's as awaiting.
+set -u
+T0=$(date +%s)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
+CARD=$(echo "$GPU" | grep -oiE 'h200|h100|a100|l40s|mi[0-9]+' | head -1 | tr 'A-Z' 'a-z'); CARD=${CARD:-gpu}
+python3 benchmarks/probe_fp8_decode.py --ptx --modes fp16,vt > "$OUT/ptx.txt" 2>&1; tail -3 "$OUT/ptx.txt" | cut -c1-300
+timeout 150 python3 benchmarks/probe_fp8_decode.py --modes fp16,vt --cases 1 --l2-keys 256 --time-limit 60 \
+    --grid '{"BLOCK_N": [64, 128, 256]}' --out "$OUT/probe_vt_$CARD.json" > "$OUT/probe_vt.log" 2>&1
+echo "probe rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(32|64|8) " "$OUT/probe_vt.log" | cut -c1-200
+git apply docs/wip/fp8-decode-vkeys.patch || patch -p1 < docs/wip/fp8-decode-vkeys.patch || exit 3
+timeout 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_decode.py tests/test_fp8_decode.py \
+    > "$OUT/gpu_tests_vkeys.log" 2>&1
+echo "gpu tests rc=$? ($(( $(date +%s) - T0 )) s)"; tail -3 "$OUT/gpu_tests_vkeys.log" | cut -c1-300
+timeout 200 python3 benchmarks/bench_fp8.py --quick --no-prefill --out "$OUT/fp8_vkeys_$CARD.json" \
+    > "$OUT/fp8_vkeys.log" 2>&1
+echo "bench_fp8 rc=$? ($(( $(date +%s) - T0 )) s)"
+python3 - "$OUT/fp8_vkeys_$CARD.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for c in d["cases"]:
+    g = c.get("graph_us", {})
+    print(c["B"], c["kv_len"], {k: round(v, 2) for k, v in g.items() if "fp8" in k or k == "sdpa_default"},
+          c.get("fp8_best_entry"), c.get("fp8_decode_vkeys_best_config"))
+print(json.dumps(d.get("summary")))
+EOF
+echo "total $(( $(date +%s) - T0 )) s"
