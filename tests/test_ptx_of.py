@@ -1,0 +1,24 @@
+"""benchmarks/ptx_of.py: what a call launches, compiled for sm_90 on a machine without that GPU."""
+from __future__ import annotations
+
+import pytest
+from helpers import bench_module, doctest_results
+
+ptx_of = bench_module("ptx_of")
+
+
+def test_count_doctest():
+    assert doctest_results(ptx_of.count) and all(f == 0 for _, f in doctest_results(ptx_of.count))
+
+
+def test_a_decode_launch_compiles_for_sm90_with_the_runtimes_specialisation(capsys):
+    """The launch is recorded in a child under the interpreter (nothing runs) and compiled here for sm_90:
+    a 16-bit decode tile reaches its dots through ``mma.sync`` (M = 16 rows), its K/V by 16-byte ``cp.async``
+    (the pointers and strides specialised as aligned / divisible by 16, as a GPU launch would)."""
+    pytest.importorskip("triton")
+    ptx_of.main(["decode", "--b", "2", "--hq", "8", "--hkv", "2", "--s", "256", "--d", "64", "--dtype", "float16",
+                 "--config", '{"BLOCK_N": 64, "num_splits": 1, "num_warps": 4, "num_stages": 2}'])
+    out = capsys.readouterr().out
+    assert "sm_90: 1 launch(es)" in out and "decode_split_kernel warps=4 stages=2" in out, out
+    counts = __import__("json").loads(out.strip().splitlines()[-1].split(" B: ", 1)[1])
+    assert counts.get("mma.sync", 0) > 0 and counts.get("cp.async.cg", 0) > 0, counts
