@@ -80,6 +80,7 @@ _EQUIVALENCES: Dict[str, Equivalence] = {
         "909236a6a6585044": "runs_in_compiled_op added (which calls it serves, not how)", "e0729adbd186ee2c": _MOVED}),
 }
 
+
 def earlier(name: str) -> Mapping[str, str]:
     """The earlier source hashes declared for variant ``name`` (empty when none), each with why."""
     e = _EQUIVALENCES.get(name)

@@ -1,5 +1,5 @@
 """The shipped ``cache.db`` against the kernels as they are: rows tuned on the current kernel sources stay
-valid through edits that do not change what a row measured (``Variant.equivalent_sources``)."""
+valid through edits that do not change what a row measured (declared in ``kernels/equivalences.py``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _changed_source(family: str):
 def test_the_shipped_sdpa_rows_keep_their_source():
     """Editing the SDPA variants' hashed modules stales every shipped SDPA row (the dense keys of both GPUs):
     such an edit either re-tunes and re-ships cache.db or, when the run path did not change, lists the old
-    hashes in SdpaVariant.equivalent_sources. This fails on an edit that did neither."""
+    hashes in kernels/equivalences.py. This fails on an edit that did neither."""
     rows, changed = _changed_source("sdpa_")
     assert rows
     changed = {v for _, v in changed}
@@ -43,7 +43,7 @@ STALE_BY_SOURCE_AWAITING_RETUNE = frozenset({
 def test_the_shipped_triton_rows_keep_their_source():
     """As for the SDPA variants: an edit of their hashed modules (a default config, a comment) stales
     every shipped row tuned on the current source unless it re-tunes or lists the old hash in
-    ``equivalent_sources``. Only the rows already known to await a re-tune may read as a changed source."""
+    ``kernels/equivalences.py``. Only the rows already known to await a re-tune may read as a changed source."""
     rows, changed = _changed_source("triton_")
     assert len(rows) > len(STALE_BY_SOURCE_AWAITING_RETUNE)
     changed = {k for k, _ in changed}
