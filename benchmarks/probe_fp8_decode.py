@@ -54,20 +54,27 @@ E4M3_MAX = 448.0
 
 
 @triton.jit
+def _program(S, HKV, GROUP, D: tl.constexpr):
+    """This program's (batch, kv head) and the element offsets of its K/V ``[S, D]`` and of its query rows."""
+    pid = tl.program_id(0)
+    b = pid // HKV
+    hkv = pid % HKV
+    kv_base = (b.to(tl.int64) * HKV + hkv) * S * D
+    q_base = (b.to(tl.int64) * HKV * GROUP + hkv * GROUP) * D
+    return hkv, kv_base, q_base
+
+
+@triton.jit
 def probe_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, S_READ, HKV, GROUP, qk_scale,
                  MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
     """Q [B, HKV*GROUP, D] fp16, K/V [B, HKV, S, D] e4m3 codes (contiguous), scales [HKV] fp32, OUT
     [B, HKV*GROUP, D] fp32 (MODE 0 writes its xor fold into OUT's first row of the group instead). The loop
     visits S keys but reads key ``n % S_READ`` (a multiple of BLOCK_N): S_READ = S is the real problem, a small
     S_READ keeps the bytes in L2 and leaves the loop's compute cost (what bounds it once HBM is fast enough)."""
-    pid = tl.program_id(0)
-    b = pid // HKV
-    hkv = pid % HKV
+    hkv, kv_base, q_base = _program(S, HKV, GROUP, D)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < GROUP
     offs_d = tl.arange(0, D)
-    kv_base = (b.to(tl.int64) * HKV + hkv) * S * D
-    q_base = (b.to(tl.int64) * HKV * GROUP + hkv * GROUP) * D
     if MODE == 0:
         offs_w = tl.arange(0, D // 4)
         fold = tl.zeros([BLOCK_N, D // 4], dtype=tl.int32)
@@ -131,14 +138,10 @@ def swap_kernel(Q, K, V, OUT, K_SCALE, V_SCALE, S, S_READ, HKV, GROUP, qk_scale,
                 SWAP_PV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
     """``probe_kernel``'s fp16 mode with the keys as M: the group's query rows are the N dimension (BLOCK_M
     columns, GROUP of them real), the softmax runs down the columns."""
-    pid = tl.program_id(0)
-    b = pid // HKV
-    hkv = pid % HKV
+    hkv, kv_base, q_base = _program(S, HKV, GROUP, D)
     cols = tl.arange(0, BLOCK_M)
     col_ok = cols < GROUP
     offs_d = tl.arange(0, D)
-    kv_base = (b.to(tl.int64) * HKV + hkv) * S * D
-    q_base = (b.to(tl.int64) * HKV * GROUP + hkv * GROUP) * D
     q_t = tl.load(Q + q_base + cols[None, :] * D + offs_d[:, None], mask=col_ok[None, :], other=0.0)  # [D, BM]
     scale = qk_scale * tl.load(K_SCALE + hkv)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -251,10 +254,6 @@ def case(b, s, hq, hkv, modes, grid, l2_keys=0):
     return rec
 
 
-PTX_PATTERNS = ("ld.shared.b8", "ld.shared.b16", "ld.shared.v2", "ld.shared.v4", "st.shared", "ldmatrix",
-                "cp.async.cg", "cp.async.ca", "wgmma.mma_async", "mma.sync", "cvt.rn.f16x2.e4m3x2", "ex2.approx")
-
-
 def ptx_counts(modes, block_n=128, num_warps=4, num_stages=2, arch=90):
     """Compile each compute mode for ``sm_{arch}`` without a GPU (what the installed Triton emits) and count
     the instructions that tell where the operands go: shared-memory stores/loads, ldmatrix, cp.async, the MMA
@@ -262,9 +261,7 @@ def ptx_counts(modes, block_n=128, num_warps=4, num_stages=2, arch=90):
 
     >>> c = ptx_counts(["swap"])["swap"]  # doctest: +SKIP
     """
-    import collections
-    import re
-
+    from ptx_of import count
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -289,8 +286,7 @@ def ptx_counts(modes, block_n=128, num_warps=4, num_stages=2, arch=90):
         except Exception as e:  # noqa: BLE001 — a mode this Triton cannot compile
             res[mode] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
             continue
-        ptx = k.asm["ptx"]
-        res[mode] = collections.Counter({p_: len(re.findall(re.escape(p_), ptx)) for p_ in PTX_PATTERNS})
+        res[mode] = {p_: n for p_, n in count(k.asm["ptx"]).items() if n}
         res[mode]["shared_bytes"] = k.metadata.shared
     return res
 
