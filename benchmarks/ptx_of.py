@@ -57,6 +57,8 @@ def _describe(a):
         return {"tensor": str(a.dtype).removeprefix("torch."), "aligned": a.data_ptr() % 16 == 0}
     if isinstance(a, (bool, int, float, str)) or a is None:
         return {"value": a}
+    if hasattr(a, "block_shape") and isinstance(getattr(a, "base", None), torch.Tensor):  # a host TensorDescriptor
+        return {"desc": str(a.base.dtype).removeprefix("torch."), "block": list(a.block_shape)}
     return {"value": repr(a)}
 
 
@@ -125,6 +127,8 @@ def compile_launch(launch: dict, arch: int):
         v = a.get("value")
         if p.is_constexpr:
             sig[p.name], constexprs[p.name] = "constexpr", v
+        elif "desc" in a:  # a TMA descriptor: Triton's specialisation names its dtype and block shape
+            sig[p.name] = f"tensordesc<{TRITON_TYPES[a['desc']]}[{', '.join(map(str, a['block']))}]>"
         elif "tensor" in a:
             sig[p.name] = "*" + TRITON_TYPES[a["tensor"]]
             if a["aligned"]:

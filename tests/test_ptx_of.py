@@ -22,3 +22,15 @@ def test_a_decode_launch_compiles_for_sm90_with_the_runtimes_specialisation(caps
     assert "sm_90: 1 launch(es)" in out and "decode_split_kernel warps=4 stages=2" in out, out
     counts = __import__("json").loads(out.strip().splitlines()[-1].split(" B: ", 1)[1])
     assert counts.get("mma.sync", 0) > 0 and counts.get("cp.async.cg", 0) > 0, counts
+
+
+def test_a_descriptor_launch_compiles_with_tma_loads(capsys):
+    """A flash launch with descriptor loads (LOADS=1) passes host TensorDescriptors: they are specialised as
+    ``tensordesc<dtype[block]>`` (as Triton's launcher names them) and reach the kernel as TMA loads
+    (``cp.async.bulk.tensor``), not as a constexpr string."""
+    pytest.importorskip("triton")
+    ptx_of.main(["flash", "--b", "1", "--hq", "2", "--hkv", "2", "--s", "128", "--d", "64", "--dtype", "float16",
+                 "--config", '{"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "LOADS": 1}'])
+    out = capsys.readouterr().out
+    counts = __import__("json").loads(out.strip().splitlines()[-1].split(" B: ", 1)[1])
+    assert counts.get("cp.async.bulk.tensor", 0) > 0 and counts.get("wgmma.mma_async", 0) > 0, counts
