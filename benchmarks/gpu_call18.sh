@@ -6,8 +6,9 @@
 #   1. (PROBE=1 only) the static picture first (no GPU needed): PTX counts of the probe's modes -> $OUT/ptx.txt
 #   2. (PROBE=1 only) probe_fp8_decode.py, modes fp16 / vt, from HBM and L2-resident (B32 KV8192): does reading V keys-contiguous
 #      lower the loop's own cost (131 µs L2-resident on the H100 on 2026-12-07)? -> $OUT/probe_vt_<card>.json
-#   3. with the patch: the decode and FP8-decode GPU tests (odd shapes, windows, kv_lens, the keys layout bit for
-#      bit against the d layout) -> $OUT/gpu_tests_vkeys.log
+#   3. main's decode loop as it is: bench_fp8.py --quick --no-prefill -> $OUT/fp8_main_<card>.json; then with the
+#      patches: the decode, FP8-decode and FP8-prefill GPU tests (odd shapes, windows, kv_lens, the keys layout bit
+#      for bit against the d layout) -> $OUT/gpu_tests_vkeys.log
 #   4. with the patch: bench_fp8.py --quick --no-prefill: fp8_decode (V as stored) and fp8_decode_vkeys side by
 #      side with SDPA bf16, default config and swept -> $OUT/fp8_vkeys_<card>.json
 #   5. with the patch: probe_exp2.py — EXP2 0/1 x LOADS 0/1/2 side by side with cuDNN, bf16 D128/D64 and FP8 prefill
@@ -24,6 +25,21 @@ if [ "${PROBE:-0}" = 1 ]; then  # diagnostic only (the landing decision is bench
       --grid '{"BLOCK_N": [64, 128, 256]}' --out "$OUT/probe_vt_$CARD.json" > "$OUT/probe_vt.log" 2>&1
   echo "probe rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(32|64|8) " "$OUT/probe_vt.log" | cut -c1-200
 fi
+show_fp8() {  # per case: graph µs of our entries and SDPA's default, the best configs; the summary
+  python3 - "$1" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for c in d["cases"]:
+    g = c.get("graph_us", {})
+    print(c["B"], c["kv_len"], {k: round(v, 2) for k, v in g.items() if "decode" in k or k == "sdpa_default"},
+          c.get("fp8_best_config"), c.get("fp8_decode_vkeys_best_config"))
+print(json.dumps(d.get("summary")))
+EOF
+}
+# main's decode loop first (the patch edits it for every layout and dtype): bf16_decode and fp8_decode as they run
+# today, each against SDPA's default timed in the same run (~1 min)
+timeout 120 python3 benchmarks/bench_fp8.py --quick --no-prefill --out "$OUT/fp8_main_$CARD.json" > "$OUT/fp8_main.log" 2>&1
+echo "bench_fp8 (main) rc=$? ($(( $(date +%s) - T0 )) s)"; show_fp8 "$OUT/fp8_main_$CARD.json"
 for p in fp8-decode-vkeys flash-vt-exp2; do
   git apply "docs/wip/$p.patch" || patch -p1 < "docs/wip/$p.patch" || { echo "$p did not apply"; exit 3; }
 done
@@ -33,15 +49,7 @@ echo "gpu tests rc=$? ($(( $(date +%s) - T0 )) s)"; tail -3 "$OUT/gpu_tests_vkey
 timeout 200 python3 benchmarks/bench_fp8.py --quick --no-prefill --out "$OUT/fp8_vkeys_$CARD.json" \
     > "$OUT/fp8_vkeys.log" 2>&1
 echo "bench_fp8 rc=$? ($(( $(date +%s) - T0 )) s)"
-python3 - "$OUT/fp8_vkeys_$CARD.json" <<'EOF'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for c in d["cases"]:
-    g = c.get("graph_us", {})
-    print(c["B"], c["kv_len"], {k: round(v, 2) for k, v in g.items() if "fp8" in k or k == "sdpa_default"},
-          c.get("fp8_best_entry"), c.get("fp8_decode_vkeys_best_config"))
-print(json.dumps(d.get("summary")))
-EOF
+show_fp8 "$OUT/fp8_vkeys_$CARD.json"
 timeout 240 python3 benchmarks/probe_exp2.py --out "$OUT/probe_exp2_$CARD.json" > "$OUT/probe_exp2.log" 2>&1
 echo "probe_exp2 rc=$? ($(( $(date +%s) - T0 )) s)"; grep '^{' "$OUT/probe_exp2.log" | cut -c1-400
 echo "total $(( $(date +%s) - T0 )) s"
