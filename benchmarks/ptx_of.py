@@ -50,6 +50,31 @@ def count(ptx: str) -> dict:
     return {p: len(re.findall(re.escape(p), ptx)) for p in PATTERNS}
 
 
+def resources(ptx: str) -> dict:
+    """Registers per thread and spill bytes of ``ptx``'s kernel, as ``ptxas -v`` reports them (Triton's own ptxas,
+    for the ``.target`` the PTX names: what the GPU would load; static, no GPU needed)."""
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1).rstrip(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        ptxas = get_ptxas(int(re.search(r"\d+", target).group()))
+        exe = getattr(ptxas, "path", ptxas)  # a NvidiaTool (Triton 3.6+), or its path
+        out = subprocess.run([exe, "-v", f"--gpu-name={target}", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True)
+    log = out.stdout + out.stderr
+
+    def num(pattern):
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else 0
+
+    return {"registers": num(r"Used (\d+) registers"), "spill_stores": num(r"(\d+) bytes spill stores"),
+            "spill_loads": num(r"(\d+) bytes spill loads")}
+
+
 def _describe(a):
     import torch
 
@@ -110,8 +135,16 @@ def record(args) -> list:
             kw = {"k_scale": ks, "v_scale": vs}
         else:
             k, v = k.to(dt), v.to(dt)
-        with torch.no_grad():
-            flash_attention(q, k, v, causal=args.causal, config=cfg, **kw)
+        window = tuple(args.window) if args.window else None
+        if args.train:  # forward and backward launches: a training key's config (BWD_* knobs)
+            from attntune.kernels.triton_flash.config import FlashTrainConfig
+
+            cfg = FlashTrainConfig.from_dict(cfg) if cfg else None
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+            flash_attention(q, k, v, causal=args.causal, window=window, config=cfg, **kw).sum().backward()
+        else:
+            with torch.no_grad():
+                flash_attention(q, k, v, causal=args.causal, window=window, config=cfg, **kw)
     return launches
 
 
@@ -161,6 +194,8 @@ def main(argv=None):
     ap.add_argument("--fp8", action="store_true", help="e4m3 K/V with per-head scales (fp8.quantize_kv)")
     ap.add_argument("--v-layout", choices=("d", "keys"), default="d", help="decode: V storage order")
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"), help="flash: a sliding window")
+    ap.add_argument("--train", action="store_true", help="flash: forward and backward (a training config)")
     ap.add_argument("--config", help="the launch config, JSON (give it: a CPU plans for no GPU)")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--dump", help="write each launch's PTX and TTGIR here")
@@ -190,8 +225,10 @@ def main(argv=None):
     for n, launch in enumerate(launches):
         k = compile_launch(launch, args.arch)
         c = {p: n_ for p, n_ in count(k.asm["ptx"]).items() if n_}
+        r = resources(k.asm["ptx"])
         print(f"{launch['name']} warps={launch['num_warps']} stages={launch['num_stages']} "
-              f"shared={k.metadata.shared} B: {json.dumps(c)}")
+              f"shared={k.metadata.shared} B regs={r['registers']} spills={r['spill_stores']}/{r['spill_loads']} B: "
+              f"{json.dumps(c)}")
         if args.dump:
             d = Path(args.dump)
             d.mkdir(parents=True, exist_ok=True)
