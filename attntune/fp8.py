@@ -79,13 +79,37 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.float() * scale.to(device=codes.device, dtype=torch.float32).view(1, -1, 1, 1)
 
 
+#: where a V cache's elements lie next to each other: "d" — each key's head dim (``[B, Hkv, S, D]`` storage,
+#: PyTorch's contiguous layout), "keys" — each head-dim channel's keys (``[B, Hkv, D, S]`` storage, seen as a
+#: ``[B, Hkv, S, D]`` view). The decode kernel's PV dot reads V with the keys as its reduction axis; an FP8 V
+#: stored "d" reaches that dot's operand layout a byte at a time (Triton 3.6, sm_90: no transposing shared-memory
+#: load for 8-bit types), stored "keys" in 16-byte vectors (``benchmarks/probe_fp8_decode.py --ptx``).
+V_LAYOUTS = ("d", "keys")
+
+
+def keys_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[B, H, S, D]`` copied into ``[B, H, D, S]`` storage and returned as a ``[B, H, S, D]`` view of it
+    (``stride(-2) == 1``): the same values, each head-dim channel's keys contiguous (:data:`V_LAYOUTS`).
+
+    >>> x = torch.arange(6.0).reshape(1, 1, 3, 2)
+    >>> y = keys_contiguous(x)
+    >>> torch.equal(x, y), y.stride()
+    (True, (6, 6, 1, 3))
+    """
+    return x.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
 def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, per: str = "head",
-                dtype: torch.dtype = torch.float8_e4m3fn,
-                margin: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                dtype: torch.dtype = torch.float8_e4m3fn, margin: float = 1.0,
+                v_layout: str = "d") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(k_codes, v_codes, k_scale, v_scale)`` of a K/V cache ``[B, Hkv, S, D]`` (:func:`scales`,
-    :func:`quantize`), ready for ``decode_attention(q, k_codes, v_codes, k_scale=..., v_scale=...)``."""
+    :func:`quantize`), ready for ``decode_attention(q, k_codes, v_codes, k_scale=..., v_scale=...)``.
+    ``v_layout="keys"`` returns ``v_codes`` keys-contiguous (:func:`keys_contiguous`, :data:`V_LAYOUTS`)."""
+    if v_layout not in V_LAYOUTS:
+        raise ValueError(f"v_layout: expected one of {list(V_LAYOUTS)}, got {v_layout!r}")
     ks, vs = scales(k, per=per, dtype=dtype, margin=margin), scales(v, per=per, dtype=dtype, margin=margin)
-    return quantize(k, ks, dtype), quantize(v, vs, dtype), ks, vs
+    vc = quantize(v, vs, dtype)
+    return quantize(k, ks, dtype), keys_contiguous(vc) if v_layout == "keys" else vc, ks, vs
 
 
 def device_kv_reasons(kv_dtype: str, device_type: str) -> list:
@@ -134,5 +158,5 @@ def check_scale_values(k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
                              "(checked because ATTNTUNE_CHECK=1)")
 
 
-__all__ = ["SCALE_ATTR", "FORMATS", "scales", "quantize", "dequantize", "quantize_kv", "check_scales",
-           "check_scale_values", "device_kv_reasons"]
+__all__ = ["SCALE_ATTR", "FORMATS", "V_LAYOUTS", "scales", "quantize", "dequantize", "quantize_kv",
+           "keys_contiguous", "check_scales", "check_scale_values", "device_kv_reasons"]

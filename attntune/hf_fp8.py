@@ -40,12 +40,14 @@ class FP8StaticLayer(StaticLayer):
     per-kv-head float32 scales ``k_scale``/``v_scale`` ``[Hkv]`` (module docstring)."""
 
     def __init__(self, max_cache_len: int, *, margin: float = 2.0, fp8_dtype: torch.dtype = torch.float8_e4m3fn,
-                 **kwargs):
+                 v_layout: str = "d", **kwargs):
         super().__init__(max_cache_len=max_cache_len, **kwargs)
         if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 1.0):
             raise ValueError(f"margin: expected a finite number >= 1, got {margin!r}")
+        if v_layout not in fp8.V_LAYOUTS:
+            raise ValueError(f"v_layout: expected one of {list(fp8.V_LAYOUTS)}, got {v_layout!r}")
         fp8._check_format(fp8_dtype)
-        self.margin, self.fp8_dtype = float(margin), fp8_dtype
+        self.margin, self.fp8_dtype, self.v_layout = float(margin), fp8_dtype, v_layout
         self.scaled = False  # the scales are fixed by the first update that holds tokens
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -54,7 +56,11 @@ class FP8StaticLayer(StaticLayer):
         self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
         shape = (self.batch_size, self.num_heads, self.max_cache_len)
         self.keys = torch.zeros(shape + (self.k_head_dim,), dtype=self.fp8_dtype, device=self.device)
-        self.values = torch.zeros(shape + (self.v_head_dim,), dtype=self.fp8_dtype, device=self.device)
+        if self.v_layout == "keys":  # [B, Hkv, Dv, L] storage seen as [B, Hkv, L, Dv] (fp8.V_LAYOUTS)
+            self.values = torch.zeros(shape[:2] + (self.v_head_dim, self.max_cache_len), dtype=self.fp8_dtype,
+                                      device=self.device).transpose(-1, -2)
+        else:
+            self.values = torch.zeros(shape + (self.v_head_dim,), dtype=self.fp8_dtype, device=self.device)
         self.k_scale = torch.ones(self.num_heads, dtype=torch.float32, device=self.device)
         self.v_scale = torch.ones(self.num_heads, dtype=torch.float32, device=self.device)
         setattr(self.keys, SCALE_ATTR, self.k_scale)
@@ -93,18 +99,19 @@ class FP8StaticLayer(StaticLayer):
 
 class FP8StaticCache(StaticCache):
     """transformers' ``StaticCache`` with :class:`FP8StaticLayer` for every full-attention layer (sliding
-    layers as transformers makes them). ``margin`` (>= 1) and ``fp8_dtype`` (``torch.float8_e4m3fn`` or
-    ``torch.float8_e5m2``) go to each FP8 layer; other arguments as ``StaticCache``'s."""
+    layers as transformers makes them). ``margin`` (>= 1), ``fp8_dtype`` (``torch.float8_e4m3fn`` or
+    ``torch.float8_e5m2``) and ``v_layout`` (``"d"`` or ``"keys"``: the values' storage order,
+    :data:`attntune.fp8.V_LAYOUTS`) go to each FP8 layer; other arguments as ``StaticCache``'s."""
 
     def __init__(self, config, max_cache_len: int, *, margin: float = 2.0,
-                 fp8_dtype: torch.dtype = torch.float8_e4m3fn, **kwargs):
+                 fp8_dtype: torch.dtype = torch.float8_e4m3fn, v_layout: str = "d", **kwargs):
         impl = getattr(config, "_attn_implementation", None)
         if impl not in (None, "attntune"):
             # another backend gets the FP8 codes as numbers and fails deep inside transformers
             raise ValueError(f"config: attn_implementation is {impl!r}; an FP8StaticCache needs "
                              "attn_implementation='attntune' (after attntune.hf.register())")
         super().__init__(config=config, max_cache_len=max_cache_len, **kwargs)
-        self.layers = [FP8StaticLayer(layer.max_cache_len, margin=margin, fp8_dtype=fp8_dtype)
+        self.layers = [FP8StaticLayer(layer.max_cache_len, margin=margin, fp8_dtype=fp8_dtype, v_layout=v_layout)
                        if type(layer) is StaticLayer else layer for layer in self.layers]
 
 

@@ -5,9 +5,11 @@
 Per case (q_len 1, GQA 32/8 unless said, D 128, bf16 q, ``kv_lens`` = full): the FP8 cache (e4m3, scales
 per kv head, :func:`attntune.fp8.quantize_kv`) through ``decode_attention`` at its default config and at
 the best of a small grid (splits x BLOCK_N x warps) — and with fp16 queries (``fp16q_fp8_decode``: the
-codes widen to fp16, the widening lead) —, against the same problem in bf16 through torch SDPA
-(default backend, and each fused backend that runs it; no mask: every length is full) and through our
-bf16 decode. Timed under CUDA graphs (``do_bench_cudagraph``, what a serving engine sees) and eagerly
+codes widen to fp16, the widening lead), and with V stored keys-contiguous (``fp8_decode_vkeys``,
+``quantize_kv(v_layout="keys")``: the PV operand in 16-byte vectors; opt-in, so the summary's FP8 time, the
+best over every FP8 entry, names its layout in ``fp8_best_entry``) —, against the same problem in bf16
+through torch SDPA (default backend, and each fused backend that runs it; no mask: every length is full) and
+through our bf16 decode. Timed under CUDA graphs (``do_bench_cudagraph``, what a serving engine sees) and eagerly
 (``do_bench``), rotating over enough copies of the cache that every call reads it from HBM (as
 ``bench_decode.py``). Bytes: K + V once, in the format read (FP8 TB/s counts FP8 bytes). Relative error
 of the FP8 output against a float32 reference on the float cache it was quantised from, and of the bf16
@@ -94,7 +96,15 @@ def bench_case(b, s, hq, hkv, sweep: bool, grid=None):
     # the widening lead: fp16 queries make the kernel widen e4m3 codes to fp16 (a paired conversion on
     # sm_89+) instead of bf16 (no direct conversion on sm_90); named apart so the summary stays bf16's
     q16 = q.half()
-    impls = {"fp8_decode": fp8_calls(), "fp16q_fp8_decode": fp8_calls(qq=q16), "bf16_decode": bf16_calls()}
+    # the same codes with V stored keys-contiguous (fp8.V_LAYOUTS): the PV operand read in 16-byte vectors
+    copies8_vk = [(k8, fp8.keys_contiguous(v8), ks, vs) for k8, v8, ks, vs in copies8]
+
+    def fp8_vkeys_calls(cfg=None):
+        return [lambda c=c: decode_attention(q, c[0], c[1], kv_lens=lens, k_scale=c[2], v_scale=c[3],
+                                             config=cfg) for c in copies8_vk]
+
+    impls = {"fp8_decode": fp8_calls(), "fp16q_fp8_decode": fp8_calls(qq=q16), "fp8_decode_vkeys": fp8_vkeys_calls(),
+             "bf16_decode": bf16_calls()}
     for name in [None, *SDPA_BACKENDS]:
         fn = _sdpa(name)
         try:
@@ -111,7 +121,8 @@ def bench_case(b, s, hq, hkv, sweep: bool, grid=None):
         rec["eager_us"][name] = time_eager(f)
     if sweep:
         grid = grid or GRID
-        for label, make in (("fp8_decode", fp8_calls), ("bf16_decode", bf16_calls)):
+        for label, make in (("fp8_decode", fp8_calls), ("fp8_decode_vkeys", fp8_vkeys_calls),
+                            ("bf16_decode", bf16_calls)):
             if label == "bf16_decode" and grid is GRID:
                 continue  # the plain sweep is FP8's only (as before)
             best, timed = (math.inf, None), []
@@ -143,6 +154,7 @@ def bench_case(b, s, hq, hkv, sweep: bool, grid=None):
     rec["rel_error"]["sdpa_default_bf16"] = rel_err(_sdpa(None)(q, k, v), exact)
     sd = [t for n_, t in rec["graph_us"].items() if n_.startswith("sdpa_")]
     fp = min(t for n_, t in rec["graph_us"].items() if n_.startswith("fp8_decode"))
+    rec["fp8_best_entry"] = min((t, n_) for n_, t in rec["graph_us"].items() if n_.startswith("fp8_decode"))[1]
     rec["fp8_vs_best_sdpa_graph"] = min(sd) / fp if sd else None
     rec["fp8_tbps"] = rec["fp8_kv_bytes"] / (fp * 1e-6) / 1e12
     return rec

@@ -67,6 +67,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 CHILD_MARK = "BENCH_GENERATE_CHILD_JSON "
 KINDS = ("llama", "mistral")
 CACHES = ("dynamic", "static", "fp8static")
+#: the environment variable through which ``--fp8-v-layout`` (the FP8 cache's V storage order,
+#: attntune.fp8.V_LAYOUTS) reaches the child processes that run the cases
+FP8_V_LAYOUT_ENV = "BENCH_GENERATE_FP8_V_LAYOUT"
 AUTO_PIN_CPUS = 4  # --cpus auto: host work of one generate is one Python thread plus the driver's threads
 
 
@@ -421,7 +424,8 @@ def generate(model, ids, mask, new_tokens, cache, compile_ok=False, clock=None):
         # fp8static case is the bf16 static cache below, what a user compares against
         from attntune.hf_fp8 import FP8StaticCache
 
-        kw["past_key_values"] = FP8StaticCache(config=model.config, max_cache_len=ids.shape[1] + new_tokens)
+        kw["past_key_values"] = FP8StaticCache(config=model.config, max_cache_len=ids.shape[1] + new_tokens,
+                                               v_layout=os.environ.get(FP8_V_LAYOUT_ENV, "d"))
     elif cache in ("static", "fp8static"):
         kw["cache_implementation"] = "static"
         if not compile_ok:
@@ -1083,6 +1087,8 @@ def parse_args(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny float32 models on the CPU (default without CUDA)")
     ap.add_argument("--models", help="llama,mistral")
     ap.add_argument("--caches", help="dynamic,static (default); fp8static: attntune's FP8 KV cache vs SDPA static")
+    ap.add_argument("--fp8-v-layout", choices=("d", "keys"), default="d",
+                    help="fp8static: the FP8 cache's V storage order (FP8StaticCache(v_layout=...))")
     ap.add_argument("--batches", help="default 1,8,32")
     ap.add_argument("--prompts", help="default 512,4096")
     ap.add_argument("--new-tokens", type=int)
@@ -1170,6 +1176,7 @@ def main(argv=None):
     if args._child:
         child_main(json.loads(args._child))
         return
+    os.environ[FP8_V_LAYOUT_ENV] = args.fp8_v_layout  # the children inherit it
     gpu = torch.cuda.is_available()
     if not gpu:
         args.smoke = True

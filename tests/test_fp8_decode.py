@@ -161,6 +161,28 @@ def test_fp8_argument_errors():
         decode_attention(q.to(E4M3), k8, v8, k_scale=ks, v_scale=vs)
 
 
+# ---- V stored keys-contiguous (fp8.V_LAYOUTS) ---------------------------------------------------------------
+def test_keys_contiguous_v_is_the_same_cache_and_the_same_output():
+    """``quantize_kv(v_layout="keys")`` holds the same codes in ``[B, Hkv, D, S]`` storage; the decode kernel
+    reads it with the keys as the contiguous axis — whole tiles unmasked, the tail tile masked — and gives
+    bitwise the output of the ``"d"`` layout (same tiles, same order) at odd lengths, splits and windows."""
+    q, k, v = rand_qkv(3, 6, 3, 2, 77, 24, dtype=torch.float32, device=DEV, seed=11)
+    k8, v8, ks, vs = fp8.quantize_kv(k, v)
+    k8b, v8k, ksb, vsb = fp8.quantize_kv(k, v, v_layout="keys")
+    assert v8k.shape == v8.shape and v8k.stride(2) == 1 and v8k.stride(3) == 77
+    assert torch.equal(v8k.view(torch.uint8), v8.view(torch.uint8)) and torch.equal(k8b.view(torch.uint8),
+                                                                                   k8.view(torch.uint8))
+    q = q.half()
+    lens = torch.tensor([77, 5, 40], dtype=torch.int32, device=DEV)
+    for window, cfg in ((None, {"BLOCK_N": 16, "num_splits": 3}), (None, {"BLOCK_N": 32, "num_splits": 1}),
+                        ((20, 0), {"BLOCK_N": 16, "num_splits": 2})):
+        a = _check(q, k8, v8, ks, vs, lens=lens, causal=True, window=window, config=cfg)
+        b = _check(q, k8, v8k, ks, vs, lens=lens, causal=True, window=window, config=cfg)
+        assert torch.equal(a, b), (window, cfg)
+    with pytest.raises(ValueError, match="v_layout"):
+        fp8.quantize_kv(k, v, v_layout="s")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -136,6 +136,22 @@ def test_fp8_layers_hold_codes_and_scales():
     assert not cache.layers[0].scaled and int(cache.layers[0].cumulative_length) == 0
 
 
+def test_keys_contiguous_values_hold_the_same_codes_and_generate_the_same_tokens():
+    """``v_layout="keys"``: each layer's values live in ``[B, Hkv, Dv, L]`` storage (a ``[B, Hkv, L, Dv]`` view
+    with the keys contiguous), hold the same codes as the default layout, and the model's steps agree."""
+    llama, = _models("llama", ["attntune"])
+    ids = _ids()
+    caches = {lay: FP8StaticCache(config=llama.config, max_cache_len=20, v_layout=lay) for lay in ("d", "keys")}
+    outs = {lay: _steps(llama, ids, c, 3) for lay, c in caches.items()}
+    for a, b in zip(caches["d"].layers, caches["keys"].layers):
+        assert b.values.shape == a.values.shape and b.values.stride(2) == 1 and a.values.stride(3) == 1
+        assert torch.equal(a.values.view(torch.uint8), b.values.view(torch.uint8))
+        assert b.values._attntune_scale is b.v_scale
+    torch.testing.assert_close(outs["d"], outs["keys"], atol=1e-4, rtol=1e-4)  # a CPU matmul may sum in another order
+    with pytest.raises(ValueError, match="v_layout"):
+        FP8StaticLayer(8, v_layout="dk")
+
+
 def test_mistral_full_attention_layers_are_fp8_when_the_window_covers_the_cache():
     """A Mistral whose window is longer than the cache: transformers makes every layer a plain static one,
     so every layer holds codes; the generation still equals the dequantised reference."""

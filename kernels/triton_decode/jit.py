@@ -62,6 +62,65 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _decode_tile(q, k_base, v_base, start, hi, m_i, l_i, acc, offs_d, offs_dv, d_ok, dv_ok, first_key, last_key,
+                 qk_scale, stride_ks, stride_kd, stride_vs, stride_vd,
+                 FULL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                 BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One ``BLOCK_N``-key tile ``[start, start + BLOCK_N)`` of :func:`decode_split_kernel`'s loop: scores,
+    online-softmax update, PV. ``FULL``: the whole tile lies below ``hi`` (no key mask on the loads or the
+    scores); otherwise keys ``>= hi`` are neither read nor admitted. Returns the updated ``(m_i, l_i, acc)``."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hi
+    # K tile loaded transposed, [BLOCK_D, BLOCK_N]: keys outside [lo, hi) are never read (padding of
+    # the cache, and keys before the window, may hold anything, NaN included).
+    k_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_ks + offs_d[:, None] * stride_kd
+    if FULL:
+        if EVEN_D:
+            k = tl.load(k_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+    else:
+        if EVEN_D:
+            k = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=d_ok[:, None] & n_ok[None, :], other=0.0)
+    if HAS_SCALE:
+        k = k.to(tl.float16)  # FP8 codes widen exactly to fp16 (one paired conversion on sm_89+)
+    # V is issued before the softmax math so its latency hides behind it.
+    v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
+    if FULL:
+        if EVEN_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
+    else:
+        if EVEN_D:
+            v = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+    if HAS_SCALE:
+        v = v.to(tl.float16)
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+    if not FULL or HAS_LEFT or HAS_RIGHT:
+        ok = n_ok[None, :]
+        if HAS_LEFT:
+            ok = ok & (offs_n[None, :] >= first_key[:, None])
+        if HAS_RIGHT:
+            ok = ok & (offs_n[None, :] <= last_key[:, None])
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row that has seen no admissible key yet (its window may lie in another split, or be empty)
+    # keeps m = -inf; subtract 0 instead so that exp2(-inf - -inf) never makes a NaN (its p and alpha
+    # are then exactly 0).
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
 # Shape integers that vary per call are not specialised (Triton would otherwise compile one variant per
 # "== 1" / "% 16 == 0" class of each); strides and head dims stay specialised: unit and 16-aligned strides
 # are what lets the loads vectorise. The window reach is such an integer too: one compiled kernel serves
@@ -147,52 +206,27 @@ def decode_split_kernel(
     v_base = V + b64 * stride_vb + hkv64 * stride_vh
     # Each row's diagonal key (bottom-right, per sequence) and its window's first/last admissible key.
     diag = n_keys - SQ + qpos
-    if HAS_LEFT:
-        first_key = diag - WIN_LEFT
-    if HAS_RIGHT:
-        last_key = diag + WIN_RIGHT
+    first_key = diag - WIN_LEFT  # read only with HAS_LEFT
+    last_key = diag + WIN_RIGHT  # read only with HAS_RIGHT
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < hi
-        # K tile loaded transposed, [BLOCK_D, BLOCK_N]: keys outside [lo, hi) are never read (padding of
-        # the cache, and keys before the window, may hold anything, NaN included).
-        k_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_ks + offs_d[:, None] * stride_kd
-        if EVEN_D:
-            k = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs, mask=d_ok[:, None] & n_ok[None, :], other=0.0)
-        if HAS_SCALE:
-            k = k.to(tl.float16)  # FP8 codes widen exactly to fp16 (one paired conversion on sm_89+)
-        # V is issued before the softmax math so its latency hides behind it.
-        v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
-        if EVEN_D:
-            v = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
-        else:
-            v = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        if HAS_SCALE:
-            v = v.to(tl.float16)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
-        ok = n_ok[None, :]
-        if HAS_LEFT:
-            ok = ok & (offs_n[None, :] >= first_key[:, None])
-        if HAS_RIGHT:
-            ok = ok & (offs_n[None, :] <= last_key[:, None])
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen no admissible key yet (its window may lie in another split, or be empty)
-        # keeps m = -inf; subtract 0 instead so that exp2(-inf - -inf) never makes a NaN (its p and alpha
-        # are then exactly 0).
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    # Whole tiles first, their loads unmasked (every key lies in [lo, hi)); then the tail tile, if any, with
+    # masked loads. A masked load along a tensor's contiguous axis is read element by element: with V stored
+    # keys-contiguous (``stride_vs == 1``, a cache kept as ``[B, Hkv, D, S]``) the keys are that axis.
+    full_end = lo + (tl.maximum(hi - lo, 0) // BLOCK_N) * BLOCK_N
+    for start in range(lo, full_end, BLOCK_N):
+        m_i, l_i, acc = _decode_tile(
+            q, k_base, v_base, start, hi, m_i, l_i, acc, offs_d, offs_dv, d_ok, dv_ok, first_key, last_key,
+            qk_scale, stride_ks, stride_kd, stride_vs, stride_vd,
+            True, HAS_SCALE, HAS_LEFT, HAS_RIGHT, BLOCK_N, EVEN_D, DOT_PRECISION)
+    if full_end < hi:
+        m_i, l_i, acc = _decode_tile(
+            q, k_base, v_base, full_end, hi, m_i, l_i, acc, offs_d, offs_dv, d_ok, dv_ok, first_key, last_key,
+            qk_scale, stride_ks, stride_kd, stride_vs, stride_vd,
+            False, HAS_SCALE, HAS_LEFT, HAS_RIGHT, BLOCK_N, EVEN_D, DOT_PRECISION)
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]  # rows without keys: acc == 0 -> zeros
