@@ -34,7 +34,7 @@ def test_an_earlier_source_counts_only_while_the_declared_one_runs(monkeypatch):
     assert not equivalences.accepts("v", "cur0000000000000", "unknown000000000")
 
 
-@pytest.mark.parametrize("name", ["triton_decode", "triton_flash", "sdpa_default"])
+@pytest.mark.parametrize("name", ["triton_local", "triton_flash", "sdpa_default", "flex"])
 def test_a_registered_variant_accepts_its_declared_rows_only_under_the_declared_source(name):
     v = registry.get(name)
     earlier = next(iter(v.equivalent_sources))
