@@ -101,40 +101,30 @@ def record(args) -> list:
                          "num_warps": num_warps, "num_stages": num_stages, "opts": opts})
 
     triton_launch.FastKernel.__call__ = intercept
+    from attntune import fp8
+
     dt = getattr(torch, args.dtype)
     cfg = json.loads(args.config) if args.config else None
     g = torch.Generator().manual_seed(0)
+    q = torch.randn(args.b, args.hq, args.sq if args.op == "decode" else args.s, args.d, generator=g).to(dt)
+    k = torch.randn(args.b, args.hkv, args.s, args.d, generator=g)
+    v = torch.randn(args.b, args.hkv, args.s, args.d, generator=g)
+    kw = {}
+    if args.fp8:  # e4m3 K/V with per-head scales: the FP8-KV decode, or the FP8 prefill forward (#15)
+        k, v, ks, vs = fp8.quantize_kv(k, v)
+        kw = {"k_scale": ks, "v_scale": vs}
+    else:
+        k, v = k.to(dt), v.to(dt)
     if args.op == "decode":
-        from attntune import fp8
         from attntune.kernels.triton_decode.op import decode_attention
 
-        q = torch.randn(args.b, args.hq, args.sq, args.d, generator=g).to(dt)
-        k = torch.randn(args.b, args.hkv, args.s, args.d, generator=g)
-        v = torch.randn(args.b, args.hkv, args.s, args.d, generator=g)
-        lens = torch.full((args.b,), args.s, dtype=torch.int32)
-        kw = {}
-        if args.fp8:
-            k, v, ks, vs = fp8.quantize_kv(k, v)
-            kw = {"k_scale": ks, "v_scale": vs}
-        else:
-            k, v = k.to(dt), v.to(dt)
         if args.v_layout == "keys":  # [B, Hkv, D, S] storage seen as [B, Hkv, S, D]
-            v = v.transpose(-1, -2).contiguous().transpose(-1, -2)
+            v = fp8.keys_contiguous(v)
+        lens = torch.full((args.b,), args.s, dtype=torch.int32)
         decode_attention(q, k, v, kv_lens=lens, causal=args.causal, config=cfg, **kw)
     else:
         from attntune.kernels.triton_flash.op import flash_attention
 
-        q = torch.randn(args.b, args.hq, args.s, args.d, generator=g).to(dt)
-        k = torch.randn(args.b, args.hkv, args.s, args.d, generator=g)
-        v = torch.randn(args.b, args.hkv, args.s, args.d, generator=g)
-        kw = {}
-        if args.fp8:  # the FP8 prefill forward (#15 item 2): e4m3 K/V with per-head scales
-            from attntune import fp8
-
-            k, v, ks, vs = fp8.quantize_kv(k, v)
-            kw = {"k_scale": ks, "v_scale": vs}
-        else:
-            k, v = k.to(dt), v.to(dt)
         window = tuple(args.window) if args.window else None
         if args.train:  # forward and backward launches: a training key's config (BWD_* knobs)
             from attntune.kernels.triton_flash.config import FlashTrainConfig
