@@ -39,15 +39,10 @@ STALE_BY_SOURCE_AWAITING_RETUNE = frozenset({
     "1e80e5f4009a7c4468e5", "daf1d8c69ca133dd798b",  # triton_flash
     # triton_decode after its loop changed (2026-12-07, whole tiles unmasked and the tail masked): the H200 re-tuned
     # its twelve bf16 decode keys under the new source the same day (tune_default_h200_2026-12-07_vkeys.log); these
-    # await a re-tune — the H200's window decode key and its six FP8-KV keys (the time limit came first) ...
+    # await a re-tune — the H200's window decode key and its six FP8-KV keys (the time limit came first). The H100's
+    # nineteen decode rows were re-tuned on 2026-12-07 (tune_default_h100_2026-12-07f_loop.log, tune_fp8_...).
     "ae343d20923a800ae72c", "173539985f1b9e2064aa", "8f1c5441dc401b748c0a", "878c2e99b1c8f3cf77fd",
     "5eaf4d0d37e0b8c07c58", "b27b16206504a5f62043", "3284a864ced576ceb793",
-    # ... and the H100's nineteen decode rows (bf16, window, FP8-KV): no H100 call was left in that session
-    "5e1783207cca113837db", "39069c1e8f310681b4e4", "45535b10445c351c7af9", "78f89860f695a25801f8",
-    "e2e0ccf49d2f9204d712", "e53ef19cead9d9b0bbbc", "37c6b34821576e93ff27", "0d0d63d261ace6ebc77a",
-    "f2771e0460f63d013575", "efcb075f0095b9428a6b", "0f4d5e376afce44f57cf", "cec01d631356bdd4ee65",
-    "732aa075f9cd1d63cb1e", "cfa3cdcb66bfe61b8817", "008296dde9d2d4270225", "9e7000f64bcdc28d785d",
-    "f08be74893863d31809d", "f9e77900995f83436127", "c0e8191fb112774f2252",
 })
 
 
