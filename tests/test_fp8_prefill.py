@@ -180,3 +180,26 @@ def test_gpu_fp8_forward(dtype, b, hq, hkv, sq, skv, d, loads):
     cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "LOADS": loads}
     for causal, window in ((False, None), (True, None), (True, (255, 0))):
         _check(q, k8, v8, ks, vs, causal=causal, window=window, config=cfg)
+
+
+def test_fp8_forward_descriptor_loads_read_v_through_its_transpose(monkeypatch):
+    """With descriptor loads the FP8 forward reads its keys-contiguous V copy through a descriptor of the
+    [B, Hkv, D, Skv] tensor it is (jit_fwd's V_T), at an odd length too (the copy's rows are padded to 16
+    bytes): the same output as pointer loads."""
+    from attntune.kernels.triton_flash import launch
+
+    flags = []
+    real = launch._FWD  # FastKernel: every argument positional, in the kernel's parameter order
+
+    def spy(key, grid, args, *rest):
+        a = dict(zip(real.fn.arg_names, args))
+        flags.append((a["DESC"], a["V_T"]))
+        return real(key, grid, args, *rest)
+
+    monkeypatch.setattr(launch, "_FWD", spy)
+    q, k8, v8, ks, vs = _case(1, 4, 2, 29, 45, 32, seed=3)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16}
+    a, _ = _check(q, k8, v8, ks, vs, causal=True, config=dict(cfg, LOADS=1))
+    b, _ = _check(q, k8, v8, ks, vs, causal=True, config=cfg)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert flags == [(True, True), (False, False)]

@@ -530,10 +530,10 @@ def test_fp32_forward_copies_v_keys_contiguous_only_for_tf32(precision, monkeypa
         assert launch.v_keys_contiguous(torch.bfloat16, fp8=True)
         q, k, v = qkv(1, 2, 1, 19, 37, 24)
         copies = []
-        real = torch.Tensor.contiguous
-        monkeypatch.setattr(torch.Tensor, "contiguous", lambda t, *a, **kw: copies.append(t.shape) or real(t, *a, **kw))
+        real = launch._keys_contiguous_copy
+        monkeypatch.setattr(launch, "_keys_contiguous_copy", lambda t: copies.append(t.shape) or real(t))
         a = flash_attention(q, k, v, causal=True, config={"BLOCK_M": 16, "BLOCK_N": 16})
-        monkeypatch.setattr(torch.Tensor, "contiguous", real)
+        monkeypatch.setattr(launch, "_keys_contiguous_copy", real)
         assert bool(copies) == (precision == "high"), copies
         b = flash_attention(q, k, v.transpose(2, 3).contiguous().transpose(2, 3), causal=True,
                             config={"BLOCK_M": 16, "BLOCK_N": 16})
@@ -664,3 +664,35 @@ def test_gpu_flash_attention_under_torch_compile():
         q.grad = k.grad = v.grad = None
     for a, b in zip(outs[1], outs[2]):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def spy_launches(monkeypatch, name: str = "_FWD") -> list[dict]:
+    """The arguments, by the kernel's parameter names, of every launch of ``launch.<name>`` (a FastKernel:
+    every argument positional, constexprs included) while the test runs."""
+    real = getattr(launch, name)
+    seen = []
+
+    def spy(key, grid, args, *rest):
+        seen.append(dict(zip(real.fn.arg_names, args)))
+        return real(key, grid, args, *rest)
+
+    monkeypatch.setattr(launch, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("loads", [1, 2])
+@pytest.mark.parametrize("skv", [53, 64])
+def test_descriptor_loads_read_a_keys_contiguous_v_through_its_transpose(loads, skv, monkeypatch):
+    """TF32 copies V keys-contiguous (FP8 too: tests/test_fp8_prefill.py); with descriptor loads the copy is
+    described as the [B, Hkv, D, Skv] tensor it is (jit_fwd's V_T; rows padded to 16 bytes so any length
+    qualifies) instead of falling back to pointer loads: same output as pointer loads."""
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    launches = spy_launches(monkeypatch)
+    q, k, v = qkv(1, 4, 2, 37, skv, 32)
+    desc = flash_attention(q, k, v, causal=True, window=(20, 0), config=dict(SMALL_FWD, LOADS=loads))
+    ptr = flash_attention(q, k, v, causal=True, window=(20, 0), config=SMALL_FWD)
+    torch.testing.assert_close(desc, ptr, atol=1e-6, rtol=1e-5)
+    assert [(a["DESC"], a["V_T"]) for a in launches] == [(True, True), (False, False)]
+    # the padded copy: logical shape and values of V, keys-contiguous, row stride a multiple of 16 bytes
+    c = launch._keys_contiguous_copy(v)
+    assert launch.v_transposed(c) and torch.equal(c, v) and (c.stride(3) * 4) % 16 == 0

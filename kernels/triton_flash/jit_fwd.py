@@ -16,6 +16,11 @@ launcher). The key axis of a query block is split into at most three ranges of w
 and only blocks inside [lo, hi) are visited at all, so a window of width W costs O(S*W) (block
 skipping). Softmax runs in base 2 with ``qk_scale = scale * log2(e)`` folded into one FMA.
 
+V stored keys-contiguous (``V_T``, with descriptors): FP8 and TF32 dots take their B operand K-major, so
+the launcher copies V keys-contiguous for them; its descriptor then describes that memory as the
+``[B, Hkv, D, Skv]`` tensor V^T, and each ``[BD, BN]`` block is transposed in shared memory into the
+``[BN, BD]`` tile the PV dot reads (TMA loads for FP8/TF32 too, instead of pointer loads).
+
 FP8 K/V (``FP8``, inference only): K and V hold float8 codes with float32 scales per kv head (``[Hkv]``,
 or one for the tensor: stride 0), the real keys being ``K * k_scale[hkv]`` and values ``V * v_scale[hkv]``.
 Both dots run on FP8 tensor cores, FlashAttention-3's way:
@@ -130,6 +135,7 @@ def _fwd_kv_loop(
     EVEN_D: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DESC: tl.constexpr,
+    V_T: tl.constexpr,
     WS: tl.constexpr,
     FP8: tl.constexpr,
     FP8_MAX: tl.constexpr,
@@ -177,7 +183,10 @@ def _fwd_kv_loop(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if DESC:
-            v = desc_v.load([off_b, off_hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+            if V_T:  # V stored keys-contiguous: a [BD, BN] block of V^T, transposed in shared memory
+                v = tl.trans(desc_v.load([off_b, off_hk, 0, start_n]).reshape(BLOCK_D, BLOCK_N))
+            else:
+                v = desc_v.load([off_b, off_hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
         else:
             v = load_tile(
                 v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
@@ -242,6 +251,7 @@ def flash_fwd_kernel(
     EVEN_D: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DESC: tl.constexpr,
+    V_T: tl.constexpr,  # desc_v describes V^T ([B, Hkv, D, Skv]: V stored keys-contiguous), blocks [BD, BN]
     WS: tl.constexpr,
     FP8: tl.constexpr,  # K/V are float8 codes (module docstring); q is 16-bit, quantised here
     FP8_MAX: tl.constexpr,  # the largest finite value of K/V's format (448.0 for e4m3fn)
@@ -334,6 +344,7 @@ def flash_fwd_kernel(
             EVEN_D,
             DOT_PREC,
             DESC,
+            V_T,
             False,
             FP8,
             FP8_MAX,
@@ -372,6 +383,7 @@ def flash_fwd_kernel(
         EVEN_D,
         DOT_PREC,
         DESC,
+        V_T,
         WS,
         FP8,
         FP8_MAX,
@@ -410,6 +422,7 @@ def flash_fwd_kernel(
         EVEN_D,
         DOT_PREC,
         DESC,
+        V_T,
         False,
         FP8,
         FP8_MAX,

@@ -126,17 +126,38 @@ def descriptor_ok(t: torch.Tensor) -> bool:
             and all(s > 0 and (s * es) % 16 == 0 for s in t.stride()[:3]))
 
 
+def v_transposed(v: torch.Tensor) -> bool:
+    """V stored keys-contiguous (``[B, Hkv, D, Skv]`` memory seen as ``[B, Hkv, Skv, D]``: the FP8/TF32
+    copy, or a cache kept that way): its descriptor then describes that memory (jit_fwd's ``V_T``)."""
+    return v.stride(2) == 1 and v.stride(3) != 1
+
+
 def _descriptors(q, k, v, o, bm: int, bn: int, bd: int):
     """4-D descriptors of q/k/v/o with the kernel's blocks, or None when one tensor does not qualify
-    (the launch then takes pointer loads: same results, the config's LOADS is a preference)."""
-    if not all(descriptor_ok(t) for t in (q, k, v, o)):
+    (the launch then takes pointer loads: same results, the config's LOADS is a preference). A V stored
+    keys-contiguous (:func:`v_transposed`) is described as the ``[B, Hkv, D, Skv]`` tensor it is in memory,
+    with ``[BD, BN]`` blocks that the kernel transposes in shared memory (K-major, as FP8 and TF32 dots
+    want their B operand)."""
+    vd = v.transpose(2, 3) if v_transposed(v) else v
+    if not all(descriptor_ok(t) for t in (q, k, vd, o)):
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    def desc(t, rows):
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd])
+    def desc(t, block):
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, *block])
 
-    return desc(q, bm), desc(k, bn), desc(v, bn), desc(o, bm)
+    return desc(q, (bm, bd)), desc(k, (bn, bd)), desc(vd, (bd, bn) if vd is not v else (bn, bd)), desc(o, (bm, bd))
+
+
+def _keys_contiguous_copy(v: torch.Tensor) -> torch.Tensor:
+    """V's values stored keys-contiguous: a ``[B, Hkv, D, Skv]`` buffer (each row padded to 16 bytes, so
+    that a descriptor can describe it at any length) seen as ``[B, Hkv, Skv, D]``."""
+    B, H, S, D = v.shape
+    pad = max(1, 16 // v.element_size())
+    buf = torch.empty((B, H, D, -(-S // pad) * pad), device=v.device, dtype=v.dtype)
+    view = buf[..., :S]
+    view.copy_(v.transpose(2, 3))
+    return view.transpose(2, 3)
 
 
 # Copy V keys-contiguous for TF32 dots (module switch: benchmarks/probe_tf32.py times both layouts).
@@ -148,8 +169,8 @@ def v_keys_contiguous(q_dtype: torch.dtype, fp8: bool) -> bool:
     launch: the PV dot's B operand is V's [BN, D] tile, and only 16-bit wgmma reads a B operand that is
     not K-major (keys-contiguous); FP8 and TF32 wgmma need it K-major (FA3 and Triton's tutorial transpose
     V for FP8 too). Measured on the H200: FP8, B2 S4096 D128 e4m3 (benchmarks/results/fp8_h200.json):
-    2.19 -> 0.92 ms dense, 1.22 -> 0.53 ms causal, for a 0.057 ms copy. Descriptors need D contiguous:
-    such a launch takes pointer loads."""
+    2.19 -> 0.92 ms dense, 1.22 -> 0.53 ms causal, for a 0.057 ms copy. Descriptors describe the copy
+    as the [B, Hkv, D, Skv] tensor it is (:func:`_descriptors`, jit_fwd's ``V_T``)."""
     if fp8:
         return True
     return TF32_V_KEYS and q_dtype == torch.float32 and dot_precision(q_dtype) == "tf32"
@@ -182,7 +203,7 @@ def forward(
     BM, BN, BD = config.BLOCK_M, config.BLOCK_N, block_d(D)
     grid = _cdiv(Sq, BM) * B * Hq
     if Skv > 1 and v.stride(2) != 1 and v_keys_contiguous(q.dtype, k_scale is not None):
-        v = v.transpose(2, 3).contiguous().transpose(2, 3)
+        v = _keys_contiguous_copy(v)
     descs = _descriptors(q, k, v, o, BM, BN, BD) if config.LOADS and Skv > 0 else None
     fp8 = k_scale is not None
     dot_prec = dot_precision(q.dtype)
@@ -193,8 +214,10 @@ def forward(
             mask.diag_off, mask.win_left, mask.win_right)
     ksc = 0 if k_scale is None or k_scale.numel() == 1 else 1
     vsc = 0 if v_scale is None or v_scale.numel() == 1 else 1
-    # the constexprs: BLOCK_M, BLOCK_N, BLOCK_D, HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC, DESC, WS, FP8, FP8_MAX
-    const = (BM, BN, BD, mask.has_left, mask.has_right, BD == D, dot_prec, descs is not None, ws, fp8,
+    # the constexprs: BLOCK_M, BLOCK_N, BLOCK_D, HAS_LEFT, HAS_RIGHT, EVEN_D, DOT_PREC, DESC, V_T, WS, FP8,
+    # FP8_MAX
+    const = (BM, BN, BD, mask.has_left, mask.has_right, BD == D, dot_prec, descs is not None,
+             descs is not None and v_transposed(v), ws, fp8,
              float(torch.finfo(k.dtype).max) if fp8 else 0.0)
     key = (config, q.dtype, k.dtype, const, aligned(q, k, v, o, lse, k_scale, v_scale),
            int_classes(*ints, ksc, vsc))
