@@ -218,10 +218,11 @@ class Variant(abc.ABC):
         against)."""
         return equivalences.earlier(self.name)
 
-    def accepts_source(self, stored_hash: str) -> bool:
-        """True when a row written under ``stored_hash`` measured this variant as it runs now: the same source,
-        or one declared equivalent to this very source (:mod:`attntune.kernels.equivalences`)."""
-        return equivalences.accepts(self.name, self._hash, stored_hash)
+    def accepts_source(self, stored_hash: str, key: Optional[Any] = None) -> bool:
+        """True when a row written under ``stored_hash`` for ``key`` (its ``TuneKey``) measured this variant as it
+        runs now: the same source, or one declared equivalent to this very source — for all keys, or for
+        ``key``'s kind (:mod:`attntune.kernels.equivalences`)."""
+        return equivalences.accepts(self.name, self._hash, stored_hash, key)
 
     def __repr__(self) -> str:
         return f"<variant {self.name}>"

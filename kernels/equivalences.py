@@ -8,7 +8,10 @@ that cannot (code deciding which problems a variant is *offered*, a host-side re
 kernels with the same arguments) may instead be declared here, reviewed by hand, never automatically:
 
 * ``current`` — the variant's source hash the declaration was made against (after the edit);
-* ``earlier`` — each earlier hash whose rows stay valid, with why.
+* ``earlier`` — each earlier hash whose rows stay valid, with why;
+* ``scoped`` — each earlier hash whose rows stay valid only for some keys (:class:`Scoped`): an edit that changes
+  what some launches compile to and leaves every other launch's code as it was (checked by compiling both
+  sources, e.g. ``benchmarks/ptx_of.py --dump``), so the rows of the other keys still measured what runs.
 
 The declarations hold only while the variant's hash is ``current``: a later edit of a hashed module ends them
 together with the rows of ``current`` itself, unless that edit is declared in turn (add ``current`` to
@@ -23,12 +26,21 @@ would have no fixed point.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Dict, Mapping, NamedTuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
+
+
+class Scoped(NamedTuple):
+    """An earlier source whose rows measured the current code for some keys only."""
+
+    why: str  #: why those rows measured what the current source runs
+    scope: str  #: which keys, in words (shown with ``why``)
+    holds: Callable[[Any], bool]  #: the row's ``TuneKey`` -> whether it is one of them
 
 
 class Equivalence(NamedTuple):
     current: str  #: the variant's source hash these declarations were made against
     earlier: Mapping[str, str]  #: earlier source hash -> why its rows measured what ``current`` runs
+    scoped: Mapping[str, Scoped] = MappingProxyType({})  #: earlier source hash -> for which keys, and why
 
 
 _MOVED = "equivalence declarations moved out of the hashed modules into this one (no code change)"
@@ -58,6 +70,24 @@ _FLASH = {**dict.fromkeys(("c5e7f5b6c556eeba", "b4741aae0dd8c689"),
                           "launched through FastKernel (same kernels and arguments)"),
           **dict.fromkeys(("e79dd8b43c056ecd", "52bc71fd4da7c522"),
                           "launch host path trimmed (same kernels and arguments)")}
+# 2026-12-07, V_T (docs/wip/flash-vt.patch, landed): descriptor loads over the keys-contiguous V copy that FP8 K/V and
+# TF32 dots take, and that copy padded to 16-byte rows. Launches without that copy compile to the same code as before
+# (sm_90 PTX identical but for debug line numbers, Triton 3.6, ptx_of.py --dump: bf16 LOADS 0/1/2, causal, window,
+# fp16 D96, float32 without TF32, and the four training kernels); FP8 and TF32 launches changed (every LOADS: the
+# padded copy's stride is now 16-divisible). So every earlier source's rows stay valid for keys without FP8 K/V or
+# TF32, and those of FP8/TF32 keys await a re-tune.
+_VT = "then V_T descriptor loads over the FP8/TF32 V copy (other launches compile to the same code)"
+
+
+def _no_v_copy(key: Any) -> bool:
+    """Keys whose launches take no keys-contiguous V copy: neither FP8 K/V nor TF32 dots."""
+    return getattr(key, "kv_dtype", None) is None and not getattr(key, "tf32", False)
+
+
+def _before_vt(declared: Mapping[str, str]) -> Dict[str, Scoped]:
+    return {h: Scoped(f"{why}; {_VT}", "keys without FP8 K/V or TF32", _no_v_copy) for h, why in declared.items()}
+
+
 # triton_decode: none. The decode loop changed on 2026-12-07 (whole tiles unmasked, the tail masked: fp8-decode-vkeys);
 # its rows were re-tuned under the new source or await a re-tune (tests/test_shipped_cache.py).
 
@@ -68,8 +98,10 @@ _EQUIVALENCES: Dict[str, Equivalence] = {
     "sdpa_efficient": Equivalence("e0551784f134c568", {**_SDPA, "966030b1256d7acb": _MOVED}),
     "sdpa_cudnn": Equivalence("43451f119d550bc0", {**_SDPA, "035ba5b3a8212806": _MOVED}),
     "sdpa_math": Equivalence("63b5ab3df0948f2b", {**_SDPA, "4285be604c6aefcb": _MOVED}),
-    "triton_flash": Equivalence("ad177d481d1fb791", {**_FLASH, "f524eec7a31e0deb": _MOVED}),
-    "triton_local": Equivalence("2f4456623c373929", {**_FLASH, "34daebb9c42beb0e": _MOVED}),
+    "triton_flash": Equivalence("04f5407cdd8d01fe", {}, _before_vt(
+        {**_FLASH, "f524eec7a31e0deb": _MOVED, "ad177d481d1fb791": "the source before V_T"})),
+    "triton_local": Equivalence("9a75ae4d615435d9", {}, _before_vt(
+        {**_FLASH, "34daebb9c42beb0e": _MOVED, "2f4456623c373929": "the source before V_T"})),
     # flex: runs_in_compiled_op added (where the variant is offered, not how it runs)
     "flex": Equivalence("c14ac88bdc76c1fc", {
         "909236a6a6585044": "runs_in_compiled_op added (which calls it serves, not how)", "e0729adbd186ee2c": _MOVED}),
@@ -77,14 +109,18 @@ _EQUIVALENCES: Dict[str, Equivalence] = {
 
 
 def earlier(name: str) -> Mapping[str, str]:
-    """The earlier source hashes declared for variant ``name`` (empty when none), each with why."""
+    """The earlier source hashes declared for variant ``name`` (empty when none), each with why (and, for a
+    scoped one, for which keys)."""
     e = _EQUIVALENCES.get(name)
-    return MappingProxyType(dict(e.earlier)) if e else MappingProxyType({})
+    if e is None:
+        return MappingProxyType({})
+    return MappingProxyType({**e.earlier, **{h: f"{s.why} — only for {s.scope}" for h, s in e.scoped.items()}})
 
 
-def accepts(name: str, current_hash: str, stored_hash: str) -> bool:
-    """Whether a row of variant ``name`` written under ``stored_hash`` measured the variant whose source hash is
-    now ``current_hash``: the same hash, or one declared for exactly this current source.
+def accepts(name: str, current_hash: str, stored_hash: str, key: Optional[Any] = None) -> bool:
+    """Whether a row of variant ``name`` written under ``stored_hash`` for ``key`` (its ``TuneKey``) measured the
+    variant whose source hash is now ``current_hash``: the same hash, or one declared for exactly this current
+    source — for a scoped declaration, only when ``key`` is given and within its scope.
 
     >>> accepts("v", "aaaa", "aaaa"), accepts("no such variant", "aaaa", "bbbb")
     (True, False)
@@ -92,7 +128,12 @@ def accepts(name: str, current_hash: str, stored_hash: str) -> bool:
     if stored_hash == current_hash:
         return True
     e = _EQUIVALENCES.get(name)
-    return e is not None and e.current == current_hash and stored_hash in e.earlier
+    if e is None or e.current != current_hash:
+        return False
+    if stored_hash in e.earlier:
+        return True
+    s = e.scoped.get(stored_hash)
+    return s is not None and key is not None and bool(s.holds(key))
 
 
 def declared() -> Mapping[str, Equivalence]:

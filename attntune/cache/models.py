@@ -202,7 +202,7 @@ def _first_error(e: BaseException) -> str:
 class VariantLookup(Protocol):
     """What judging a row needs from the kernels (:mod:`attntune.kernels.registry` is one): whether a
     variant exists, and the variant (its ``space(problem).validate(config)``, ``source_hash()`` and, where it
-    has one, ``accepts_source(stored_hash)``)."""
+    has one, ``accepts_source(stored_hash, key)``)."""
 
     def exists(self, name: str) -> bool: ...
 
@@ -252,7 +252,7 @@ def judge(raw: Dict[str, Any], origin: str, variants: Optional[VariantLookup] = 
     # judged as written under the current one; the versions (torch, triton, ...) are still compared
     stored_hash = rec.fingerprint.variant_hash
     accepts = getattr(variant, "accepts_source", None)
-    same = callable(accepts) and accepts(stored_hash)
+    same = callable(accepts) and accepts(stored_hash, rec.key)
     current = software_fingerprint(stored_hash if same else variant.source_hash(), rec.key.device.device_type)
     stale = rec.fingerprint.stale_reasons(current)
     if bad:
