@@ -5,7 +5,7 @@
 #   other cards: (1) the GPU tests of V_T (landed this session: descriptor loads over the FP8/TF32 V copy) —
 #         FP8 prefill and the float32/TF32 flash tests; (2) re-tune that card's rows V_T staled (gpu_call3.sh, no
 #         tests, TUNE_S seconds); (3) Hugging Face generate with attntune's FP8 KV cache, V as given (d) and
-#         keys-contiguous (keys), each against SDPA's bf16 static cache in its own run (bench_generate --quick,
+#         keys-contiguous (keys), each against SDPA's bf16 static cache in its own run (bench_generate --quick at prompt 4096,
 #         llama, eager): the eager B1 question of the FP8 decode notes, as a user's tokens/s.
 set -u
 T0=$(date +%s)
@@ -22,7 +22,7 @@ tail -1 "$OUT/gpu_tests_vt.log"
 SKIP_TESTS=1 BUDGET_S=${TUNE_S:-170} bash benchmarks/gpu_call3.sh
 for layout in d keys; do
   ATTNTUNE_CACHE="$OUT/gen.db" timeout ${GEN_S:-110} python3 benchmarks/bench_generate.py --quick --models llama \
-      --caches static,fp8static --fp8-v-layout $layout --protocol resident \
+      --caches static,fp8static --fp8-v-layout $layout --protocol resident --prompts 4096 --no-serving --no-new-length \
       --out "$OUT/generate_fp8_${layout}_$CARD.json" > "$OUT/generate_fp8_$layout.log" 2>&1
   echo "generate fp8 $layout rc=$? ($(( $(date +%s) - T0 )) s)"; grep -iE "fp8|tok/s|ratio" "$OUT/generate_fp8_$layout.log" | tail -12 | cut -c1-250
 done
