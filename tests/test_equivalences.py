@@ -61,7 +61,8 @@ def test_a_registered_variant_accepts_its_declared_rows_only_under_the_declared_
 
 def test_a_scoped_declaration_holds_for_its_keys_only(monkeypatch):
     only_bf16 = Scoped("why", "bf16 keys", lambda key: key.dtype == "bfloat16")
-    monkeypatch.setitem(equivalences._EQUIVALENCES, "v", Equivalence("cur0000000000000", {}, {"old0000000000000": only_bf16}))
+    monkeypatch.setitem(equivalences._EQUIVALENCES, "v",
+                        Equivalence("cur0000000000000", {}, {"old0000000000000": only_bf16}))
     assert equivalences.accepts("v", "cur0000000000000", "old0000000000000", BF16)
     assert not equivalences.accepts("v", "cur0000000000000", "old0000000000000", TF32)
     assert not equivalences.accepts("v", "cur0000000000000", "old0000000000000")  # no key: not within any scope
@@ -97,3 +98,8 @@ def test_judge_passes_the_rows_key_to_a_scoped_declaration():
     assert status["bf16"][0] == "valid", status
     assert status["fp8"][0] == status["tf32"][0] == "stale", status
     assert any("source" in r for r in status["fp8"][1]), status
+
+
+def test_doctests():
+    assert all(failed == 0 for _, failed in doctest_results(equivalences.accepts))
+    assert sum(n for n, _ in doctest_results(equivalences.accepts)) >= 1

@@ -265,3 +265,53 @@ def test_the_fp8_cache_names_another_attention_implementation(impl):
     m, = _models("llama", [impl])
     with pytest.raises(ValueError, match="config: attn_implementation is .*needs attn_implementation='attntune'"):
         FP8StaticCache(config=m.config, max_cache_len=8)
+
+
+@pytest.mark.parametrize("v_layout", ["d", "keys"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_layer_update_writes_quantize_codes_at_the_next_slots(v_layout, dtype):
+    """A layer's update stores exactly ``fp8.quantize``'s codes (saturating ones included) in the slots after the
+    current length — a prompt of 5, then single tokens — and leaves every other slot untouched."""
+    g = torch.Generator().manual_seed(3)
+    layer = FP8StaticLayer(11, v_layout=v_layout)
+    steps = [torch.randn(2, 3, n, 7, generator=g) for n in (5, 1, 1, 1)]
+    vals = [torch.randn(2, 3, n, 7, generator=g) for n in (5, 1, 1, 1)]
+    steps[2][0, 1, 0, 4] = 1e4  # far past scale * 448: saturates
+    written = 0
+    for k, v in zip(steps, vals):
+        k, v = k.to(dtype), v.to(dtype)
+        keys, values = layer.update(k, v)
+        n = k.shape[-2]
+        for codes, x, sc in ((keys, k, layer.k_scale), (values, v, layer.v_scale)):
+            want = fp8.quantize(x, sc)
+            got = codes[:, :, written:written + n]
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+            assert codes[:, :, written + n:].view(torch.uint8).eq(0).all()
+        written += n
+        assert int(layer.cumulative_length) == written
+    assert layer.keys[0, 1, 6, 4].float() == 448.0
+
+
+def test_a_decode_update_launches_nine_ops():
+    """Eager generate runs the cache update per layer and step on the host's time: a one-token update dispatches
+    at most 9 ops (divide, clamp, cast and copy for K and V, the length's increment)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            # metadata-only ops (views, and the detach the mode itself sees for a dtype view) launch no kernel
+            if func not in (torch.ops.aten.view.default, torch.ops.aten.view.dtype, torch.ops.aten.detach.default,
+                            torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default):
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    layer = FP8StaticLayer(16)
+    layer.update(torch.randn(1, 2, 4, 8, dtype=torch.bfloat16), torch.randn(1, 2, 4, 8, dtype=torch.bfloat16))
+    k, v = torch.randn(1, 2, 1, 8, dtype=torch.bfloat16), torch.randn(1, 2, 1, 8, dtype=torch.bfloat16)
+    with Count() as c:
+        layer.update(k, v)
+    assert len(c.ops) <= 9, c.ops
