@@ -82,9 +82,9 @@ class FP8StaticLayer(StaticLayer):
             self.k_scale.copy_(fp8.scales(key_states, dtype=self.fp8_dtype, margin=self.margin))
             self.v_scale.copy_(fp8.scales(value_states, dtype=self.fp8_dtype, margin=self.margin))
             self.scaled = True
-        # Eager generate runs this per layer and decode step on the host's time (on the H100 VM, ~18 µs a launched
-        # op against a few µs of GPU work): 9 ops a decode step, where fp8.quantize and an arange took 13. One new
-        # token's slot is the current length itself (a view, no op); the length grows after the copies read it.
+        # Eager generate runs this per layer and decode step on the host's time (on the H100 VM an estimated ~18 µs
+        # a launched op against a few µs of GPU work): 9 ops a decode step, where fp8.quantize and an arange took 13.
+        # One new token's slot is the current length itself (a view, no op); the length grows after the copies read it.
         n = key_states.shape[-2]
         pos = self.cumulative_length.view(1) if n == 1 else torch.arange(n, device=self.device) + self.cumulative_length
         # written as bytes: index_copy_ has no float8 kernel on the CPU (the bits are the same)
