@@ -68,7 +68,15 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.fl
     if scale.dim() != 1 or scale.numel() not in (1, x.shape[1]):
         raise ValueError(f"scale: expected [1] or [Hkv={x.shape[1]}], got {tuple(scale.shape)}")
     s = scale.to(device=x.device, dtype=torch.float32).view(1, -1, 1, 1)
-    return (x.float() / s).clamp(-fmax, fmax).to(dtype)
+    # three ops (FP8StaticLayer runs this per layer and decode step, host-bound in eager generate): a 16-bit or
+    # float32 x over the float32 scales divides in float32 by promotion, the same values as x.float() / s; the
+    # clamp works in place on that fresh quotient
+    q = (x if x.dtype in _FLOAT32_EXACT else x.float()) / s
+    return q.clamp_(-fmax, fmax).to(dtype)
+
+
+#: input dtypes whose division by float32 scales is float32 (by type promotion) and exact as x.float() / scale
+_FLOAT32_EXACT = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

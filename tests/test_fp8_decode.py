@@ -195,3 +195,19 @@ def test_gpu_fp8_cache(dtype, b, hq, hkv, sq, s, d, per):
     lens[0] = s
     for causal, window in ((False, None), (True, None), (True, (1023, 0))):
         _check(q, k8, v8, ks, vs, lens=lens, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_quantize_equals_the_float32_quotient_rounded_and_saturated(dtype, fmt):
+    """fp8.quantize divides 16-bit and float32 inputs without widening them first: the codes are bit for bit
+    those of ``(x.float() / scale).clamp(-max, max).to(format)``, saturation included."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(2, 3, 7, 5, generator=g) * 40).to(dtype)
+    x[0, 1, 2, 3] = 6e4 if dtype == torch.float16 else 1e6  # far past scale * max: saturates
+    scale = torch.tensor([0.5, 0.013, 3.0])
+    fmax = torch.finfo(fmt).max
+    want = (x.float() / scale.view(1, -1, 1, 1)).clamp(-fmax, fmax).to(fmt)
+    got = fp8.quantize(x, scale, fmt)
+    assert got.dtype == fmt and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert got[0, 1, 2, 3].float() == fmax
