@@ -49,6 +49,10 @@ class FP8StaticLayer(StaticLayer):
         fp8._check_format(fp8_dtype)
         self.margin, self.fp8_dtype, self.v_layout = float(margin), fp8_dtype, v_layout
         self.scaled = False  # the scales are fixed by the first update that holds tokens
+        #: the append path: None — the Triton kernel where it runs (:meth:`_kernel_append`), True — the kernel
+        #: (on the CPU only under TRITON_INTERPRET=1: tests), False — torch ops; the codes are the same bit for bit
+        self.append_kernel = None
+        self._auto_kernel = {}
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -73,7 +77,9 @@ class FP8StaticLayer(StaticLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Quantise the new states ``[B, Hkv, n, D]`` with the layer's scales into the next ``n`` slots and
-        return the whole code buffers (their scales attached)."""
+        return the whole code buffers (their scales attached). Past ``max_cache_len`` (which ``generate``
+        refuses before it starts) the torch path raises or asserts on the device; the kernel drops those
+        tokens and never writes out of bounds."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if not self.scaled and key_states.shape[-2] > 0:
@@ -81,19 +87,44 @@ class FP8StaticLayer(StaticLayer):
             self.k_scale.copy_(fp8.scales(key_states, dtype=self.fp8_dtype, margin=self.margin))
             self.v_scale.copy_(fp8.scales(value_states, dtype=self.fp8_dtype, margin=self.margin))
             self.scaled = True
-        # Eager generate runs this per layer and decode step on the host's time (on the H100 VM an estimated ~18 µs
-        # a launched op against a few µs of GPU work): 9 ops a decode step (fp8.quantize takes three), where it took
-        # 13. One new token's slot is the current length itself (a view, no op); the length grows after the copies
-        # read it.
         n = key_states.shape[-2]
-        pos = self.cumulative_length.view(1) if n == 1 else torch.arange(n, device=self.device) + self.cumulative_length
-        # written as bytes: index_copy_ has no float8 kernel on the CPU (the bits are the same)
-        kc = fp8.quantize(key_states, self.k_scale, self.fp8_dtype)
-        vc = fp8.quantize(value_states, self.v_scale, self.fp8_dtype)
-        self.keys.view(torch.uint8).index_copy_(2, pos, kc.view(torch.uint8))
-        self.values.view(torch.uint8).index_copy_(2, pos, vc.view(torch.uint8))
+        if self._kernel_append(key_states, value_states):
+            # one launch for K and V (kernels/fp8_cache): eager generate runs this per layer and decode step on the
+            # host's time (H100 VM: ~8.5 µs a torch op), where the torch path below launches 8 ops
+            from attntune.kernels.fp8_cache.launch import append_kv_
+
+            append_kv_(self.keys, self.values, key_states, value_states, self.k_scale, self.v_scale,
+                       self.cumulative_length)
+        else:
+            # 8 ops (fp8.quantize takes three); one new token's slot is the current length itself (a view, no op);
+            # the length grows after the copies read it
+            pos = self.cumulative_length.view(1) if n == 1 else torch.arange(n, device=self.device) + \
+                self.cumulative_length
+            # written as bytes: index_copy_ has no float8 kernel on the CPU (the bits are the same)
+            kc = fp8.quantize(key_states, self.k_scale, self.fp8_dtype)
+            vc = fp8.quantize(value_states, self.v_scale, self.fp8_dtype)
+            self.keys.view(torch.uint8).index_copy_(2, pos, kc.view(torch.uint8))
+            self.values.view(torch.uint8).index_copy_(2, pos, vc.view(torch.uint8))
         self.cumulative_length.add_(n)
         return self.keys, self.values
+
+    def _kernel_append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> bool:
+        """Whether this update takes the append kernel: :attr:`append_kernel` when set, else on a CUDA/ROCm
+        device with Triton, for e4m3fn/e5m2 codes of float16/bfloat16/float32 states — never inside a
+        ``torch.compile`` trace (Inductor fuses the torch path there itself)."""
+        if torch.compiler.is_compiling():
+            return False
+        if self.append_kernel is not None:
+            return self.append_kernel
+        auto = self._auto_kernel.get((key_states.dtype, value_states.dtype, key_states.device.type))
+        if auto is None:  # once per dtype pair and device: the decode steps are host-bound
+            from attntune.kernels.fp8_cache.launch import FORMAT_BITS, INPUT_DTYPES
+            from attntune.kernels.triton_common import HAS_TRITON
+
+            auto = (key_states.device.type == "cuda" and HAS_TRITON and self.fp8_dtype in FORMAT_BITS
+                    and key_states.dtype in INPUT_DTYPES and value_states.dtype in INPUT_DTYPES)
+            self._auto_kernel[(key_states.dtype, value_states.dtype, key_states.device.type)] = auto
+        return auto
 
     def reset(self) -> None:
         """Empty the layer for a new generation: the next prompt sets new scales."""

@@ -267,13 +267,18 @@ def test_the_fp8_cache_names_another_attention_implementation(impl):
         FP8StaticCache(config=m.config, max_cache_len=8)
 
 
+@pytest.mark.parametrize("append_kernel", [False, True], ids=["torch", "kernel"])
 @pytest.mark.parametrize("v_layout", ["d", "keys"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_layer_update_writes_quantize_codes_at_the_next_slots(v_layout, dtype):
+def test_layer_update_writes_quantize_codes_at_the_next_slots(v_layout, dtype, append_kernel):
     """A layer's update stores exactly ``fp8.quantize``'s codes (saturating ones included) in the slots after the
-    current length — a prompt of 5, then single tokens — and leaves every other slot untouched."""
+    current length — a prompt of 5, then single tokens — and leaves every other slot untouched: through torch
+    ops and through the append kernel (kernels/fp8_cache; the interpreter here)."""
+    if append_kernel:
+        pytest.importorskip("triton")
     g = torch.Generator().manual_seed(3)
     layer = FP8StaticLayer(11, v_layout=v_layout)
+    layer.append_kernel = append_kernel
     steps = [torch.randn(2, 3, n, 7, generator=g) for n in (5, 1, 1, 1)]
     vals = [torch.randn(2, 3, n, 7, generator=g) for n in (5, 1, 1, 1)]
     steps[2][0, 1, 0, 4] = 1e4  # far past scale * 448: saturates
@@ -310,8 +315,60 @@ def test_a_decode_update_launches_nine_ops():
             return func(*args, **(kwargs or {}))
 
     layer = FP8StaticLayer(16)
+    layer.append_kernel = False  # the torch path (the CPU's anyway); a GPU's kernel path: test_gpu_a_decode_update...
     layer.update(torch.randn(1, 2, 4, 8, dtype=torch.bfloat16), torch.randn(1, 2, 4, 8, dtype=torch.bfloat16))
     k, v = torch.randn(1, 2, 1, 8, dtype=torch.bfloat16), torch.randn(1, 2, 1, 8, dtype=torch.bfloat16)
     with Count() as c:
         layer.update(k, v)
     assert len(c.ops) <= 9, c.ops
+
+
+def test_the_append_path_is_torch_on_the_cpu_and_never_the_kernel_under_a_trace(monkeypatch):
+    """Left to itself (``append_kernel`` None) a layer appends through torch ops on the CPU; forced to the kernel,
+    it still takes torch ops inside a ``torch.compile`` trace (Inductor fuses those)."""
+    layer = FP8StaticLayer(8)
+    x = torch.randn(1, 2, 1, 8, dtype=torch.bfloat16)
+    assert layer._kernel_append(x, x) is False
+    layer.append_kernel = True
+    assert layer._kernel_append(x, x) is True
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert layer._kernel_append(x, x) is False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v_layout", ["d", "keys"])
+def test_gpu_a_decode_update_is_one_launch_and_one_op(v_layout):
+    """On a GPU the layer appends through the kernel by itself: a one-token update dispatches one torch op (the
+    length's increment) besides the kernel, and its codes equal the torch path's, prompt and steps."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func not in (torch.ops.aten.view.default, torch.ops.aten.view.dtype, torch.ops.aten.detach.default,
+                            torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default):
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    ours, ref = FP8StaticLayer(300, v_layout=v_layout), FP8StaticLayer(300, v_layout=v_layout)
+    ref.append_kernel = False
+    for n in (257, 1, 1, 3):
+        k = torch.randn(2, 3, n, 80, generator=g, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(2, 3, n, 80, generator=g, device="cuda", dtype=torch.bfloat16) * 5
+        ref.update(k, v)
+        if n == 1:
+            with Count() as c:
+                ours.update(k, v)
+            assert len(c.ops) == 1 and c.ops[0].startswith("aten.add_."), c.ops
+        else:
+            ours.update(k, v)
+        assert ours._kernel_append(k, v)
+    assert torch.equal(ours.keys.view(torch.uint8), ref.keys.view(torch.uint8))
+    assert torch.equal(ours.values.view(torch.uint8), ref.values.view(torch.uint8))
+    assert int(ours.cumulative_length) == int(ref.cumulative_length) == 262
