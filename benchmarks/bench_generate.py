@@ -70,6 +70,10 @@ CACHES = ("dynamic", "static", "fp8static")
 #: the environment variable through which ``--fp8-v-layout`` (the FP8 cache's V storage order,
 #: attntune.fp8.V_LAYOUTS) reaches the child processes that run the cases
 FP8_V_LAYOUT_ENV = "BENCH_GENERATE_FP8_V_LAYOUT"
+#: the environment variable through which ``--fp8-append`` (how the FP8 cache appends: the Triton kernel on a GPU
+#: by itself, or torch ops — ``FP8StaticLayer.append_kernel``) reaches the children
+FP8_APPEND_ENV = "BENCH_GENERATE_FP8_APPEND"
+FP8_APPENDS = {"auto": None, "kernel": True, "torch": False}
 AUTO_PIN_CPUS = 4  # --cpus auto: host work of one generate is one Python thread plus the driver's threads
 
 
@@ -424,8 +428,13 @@ def generate(model, ids, mask, new_tokens, cache, compile_ok=False, clock=None):
         # fp8static case is the bf16 static cache below, what a user compares against
         from attntune.hf_fp8 import FP8StaticCache
 
-        kw["past_key_values"] = FP8StaticCache(config=model.config, max_cache_len=ids.shape[1] + new_tokens,
-                                               v_layout=os.environ.get(FP8_V_LAYOUT_ENV, "d"))
+        fp8_cache = FP8StaticCache(config=model.config, max_cache_len=ids.shape[1] + new_tokens,
+                                   v_layout=os.environ.get(FP8_V_LAYOUT_ENV, "d"))
+        append = FP8_APPENDS[os.environ.get(FP8_APPEND_ENV, "auto")]
+        for layer in fp8_cache.layers:
+            if hasattr(layer, "append_kernel"):
+                layer.append_kernel = append
+        kw["past_key_values"] = fp8_cache
     elif cache in ("static", "fp8static"):
         kw["cache_implementation"] = "static"
         if not compile_ok:
@@ -1089,6 +1098,8 @@ def parse_args(argv=None):
     ap.add_argument("--caches", help="dynamic,static (default); fp8static: attntune's FP8 KV cache vs SDPA static")
     ap.add_argument("--fp8-v-layout", choices=("d", "keys"), default="d",
                     help="fp8static: the FP8 cache's V storage order (FP8StaticCache(v_layout=...))")
+    ap.add_argument("--fp8-append", choices=tuple(FP8_APPENDS), default="auto",
+                    help="fp8static: how the FP8 cache appends (auto: the Triton kernel on a GPU; torch: torch ops)")
     ap.add_argument("--batches", help="default 1,8,32")
     ap.add_argument("--prompts", help="default 512,4096")
     ap.add_argument("--new-tokens", type=int)
@@ -1177,6 +1188,7 @@ def main(argv=None):
         child_main(json.loads(args._child))
         return
     os.environ[FP8_V_LAYOUT_ENV] = args.fp8_v_layout  # the children inherit it
+    os.environ[FP8_APPEND_ENV] = args.fp8_append
     gpu = torch.cuda.is_available()
     if not gpu:
         args.smoke = True

@@ -2,8 +2,8 @@
 # The 2026-12-07 (thirtieth) session's device calls, adaptive to the card. JSON and logs under $OUT.
 #   STEP=1 (default): H200: #13's regret + fidelity (gpu_call15.sh PART=regret, RUN_S seconds); other cards: STEP=2.
 #   STEP=2: the GPU tests of the FP8 append kernel (tests/test_fp8_append.py, tests/test_hf_fp8.py), the launch-cost
-#          probe, HF generate with the FP8 KV cache (the append kernel) against SDPA's bf16 static cache, V as given
-#          and keys-contiguous, 3 repeats; H200 then re-tunes its stale rows (gpu_call3.sh, no tests, TUNE_S s).
+#          probe, HF generate with the FP8 KV cache against SDPA's bf16 static cache, appending through the kernel
+#          (auto) and through torch ops, each in its own run, 3 repeats; H200 then re-tunes its stale rows (gpu_call3.sh, no tests, TUNE_S s).
 #   (probe_pdl ran first in this session's first call: PDL saves 0.18-0.32 µs, the decode-pdl patch is dropped.)
 set -u
 T0=$(date +%s)
@@ -18,12 +18,12 @@ timeout 150 python3 -m pytest -q -m gpu -n 8 tests/test_fp8_append.py tests/test
 echo "append gpu tests rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_append.log" | head
 tail -1 "$OUT/gpu_tests_append.log"
 timeout 60 python3 benchmarks/probe_launch_cost.py --out "$OUT/probe_launch_cost_$CARD.json" 2>&1 | tail -4
-for layout in d keys; do
+for append in auto torch; do  # auto: the append kernel on the GPU; torch: the 9 torch ops it replaces
   ATTNTUNE_CACHE="$OUT/gen.db" timeout ${GEN_S:-120} python3 benchmarks/bench_generate.py --quick --models llama \
-      --caches static,fp8static --fp8-v-layout $layout --protocol resident --prompts 4096 --no-serving \
-      --no-new-length --repeats 3 --out "$OUT/generate_fp8_${layout}_$CARD.json" > "$OUT/generate_fp8_$layout.log" 2>&1
-  echo "generate fp8 $layout rc=$? ($(( $(date +%s) - T0 )) s)"
-  grep -E "^\[|^llama" "$OUT/generate_fp8_$layout.log" | tail -6 | cut -c1-200
+      --caches static,fp8static --fp8-append $append --protocol resident --prompts 4096 --no-serving \
+      --no-new-length --repeats 3 --out "$OUT/generate_fp8_${append}_$CARD.json" > "$OUT/generate_fp8_$append.log" 2>&1
+  echo "generate fp8 append=$append rc=$? ($(( $(date +%s) - T0 )) s)"
+  grep -E "^\[|^llama" "$OUT/generate_fp8_$append.log" | tail -6 | cut -c1-200
 done
 if [ "$CARD" = h200 ]; then SKIP_TESTS=1 BUDGET_S=${TUNE_S:-300} bash benchmarks/gpu_call3.sh; fi
 echo "total $(( $(date +%s) - T0 )) s"
