@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The 2026-12-07 (thirtieth) session's device calls, adaptive to the card. JSON and logs under $OUT.
-#   STEP=1 (default): H200: #13's regret + fidelity (gpu_call15.sh PART=regret, RUN_S seconds); other cards: STEP=2.
+#   STEP=1 (default): H200: #13's regret + fidelity (gpu_call15.sh PART=regret, RUN_S seconds); other cards: the
+#          whole GPU suite (STEP=2 ran on an H100 first).
 #   STEP=2: the GPU tests of the FP8 append kernel (tests/test_fp8_append.py, tests/test_hf_fp8.py), the launch-cost
 #          probe, HF generate with the FP8 KV cache against SDPA's bf16 static cache, appending through the kernel
 #          (auto) and through torch ops, each in its own run, 3 repeats; H200 then re-tunes its stale rows (gpu_call3.sh, no tests, TUNE_S s).
@@ -12,6 +13,11 @@ CARD=$(echo "$GPU" | grep -oiE 'h200|h100|a100|l40s|mi[0-9]+' | head -1 | tr 'A-
 if [ "${STEP:-1}" = 1 ] && [ "$CARD" = h200 ]; then
   PART=regret RUN_S=${RUN_S:-470} MAX_CONFIGS=${MAX_CONFIGS:-32} bash benchmarks/gpu_call15.sh
   echo "total $(( $(date +%s) - T0 )) s"; exit 0
+fi
+if [ "${STEP:-1}" = 1 ]; then  # another card, once STEP=2 has run there: the whole GPU suite with the append kernel
+  timeout 300 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider > "$OUT/gpu_tests_$CARD.log" 2>&1
+  echo "gpu suite rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_$CARD.log" | head
+  tail -1 "$OUT/gpu_tests_$CARD.log"; exit 0
 fi
 timeout 150 python3 -m pytest -q -m gpu -n 8 tests/test_fp8_append.py tests/test_hf_fp8.py -p no:cacheprovider \
     > "$OUT/gpu_tests_append.log" 2>&1
