@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 2026-12-07 (thirtieth) session's device calls, adaptive to the card. JSON and logs under $OUT.
-#   STEP=1 (default): H200: #13's regret + fidelity (gpu_call15.sh PART=regret, RUN_S seconds); other cards: the
+#   STEP=1 (default): H200: the append kernel's GPU tests, then #13's regret + fidelity (gpu_call15.sh PART=regret, RUN_S seconds); other cards: the
 #          whole GPU suite (STEP=2 ran on an H100 first).
 #   STEP=2: the GPU tests of the FP8 append kernel (tests/test_fp8_append.py, tests/test_hf_fp8.py), the launch-cost
 #          probe, HF generate with the FP8 KV cache against SDPA's bf16 static cache, appending through the kernel
@@ -10,8 +10,15 @@ set -u
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
 CARD=$(echo "$GPU" | grep -oiE 'h200|h100|a100|l40s|mi[0-9]+' | head -1 | tr 'A-Z' 'a-z'); CARD=${CARD:-gpu}
+append_tests() {
+  timeout 150 python3 -m pytest -q -m gpu -n 8 tests/test_fp8_append.py tests/test_hf_fp8.py -p no:cacheprovider \
+      > "$OUT/gpu_tests_append.log" 2>&1
+  echo "append gpu tests rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_append.log" | head
+  tail -1 "$OUT/gpu_tests_append.log"
+}
 if [ "${STEP:-1}" = 1 ] && [ "$CARD" = h200 ]; then
-  PART=regret RUN_S=${RUN_S:-470} MAX_CONFIGS=${MAX_CONFIGS:-32} bash benchmarks/gpu_call15.sh
+  append_tests
+  PART=regret RUN_S=${RUN_S:-430} MAX_CONFIGS=${MAX_CONFIGS:-32} bash benchmarks/gpu_call15.sh
   echo "total $(( $(date +%s) - T0 )) s"; exit 0
 fi
 if [ "${STEP:-1}" = 1 ]; then  # another card, once STEP=2 has run there: the whole GPU suite with the append kernel
@@ -19,10 +26,7 @@ if [ "${STEP:-1}" = 1 ]; then  # another card, once STEP=2 has run there: the wh
   echo "gpu suite rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_$CARD.log" | head
   tail -1 "$OUT/gpu_tests_$CARD.log"; exit 0
 fi
-timeout 150 python3 -m pytest -q -m gpu -n 8 tests/test_fp8_append.py tests/test_hf_fp8.py -p no:cacheprovider \
-    > "$OUT/gpu_tests_append.log" 2>&1
-echo "append gpu tests rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_append.log" | head
-tail -1 "$OUT/gpu_tests_append.log"
+append_tests
 timeout 60 python3 benchmarks/probe_launch_cost.py --out "$OUT/probe_launch_cost_$CARD.json" 2>&1 | tail -4
 for append in auto torch; do  # auto: the append kernel on the GPU; torch: the 9 torch ops it replaces
   ATTNTUNE_CACHE="$OUT/gen.db" timeout ${GEN_S:-120} python3 benchmarks/bench_generate.py --quick --models llama \

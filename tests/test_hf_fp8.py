@@ -81,6 +81,25 @@ def _steps(model, ids, cache, steps: int, feed=None):
     return logits
 
 
+def _op_count():
+    """A dispatch mode that lists the torch ops run inside it (``.ops``), metadata-only ops left out."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCount(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            # metadata-only ops (views, and the detach the mode itself sees for a dtype view) launch no kernel
+            if func not in (torch.ops.aten.view.default, torch.ops.aten.view.dtype, torch.ops.aten.detach.default,
+                            torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default):
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return OpCount()
+
+
 @pytest.mark.parametrize("kind", ["llama", "mistral"])
 def test_fp8_cache_generation_equals_the_dequantised_cache_and_stays_near_float(kind):
     ours, sdpa = _models(kind, ["attntune", "sdpa"])
@@ -300,25 +319,11 @@ def test_layer_update_writes_quantize_codes_at_the_next_slots(v_layout, dtype, a
 def test_a_decode_update_launches_nine_ops():
     """Eager generate runs the cache update per layer and step on the host's time: a one-token update dispatches
     at most 9 ops (divide, clamp, cast and copy for K and V, the length's increment)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            # metadata-only ops (views, and the detach the mode itself sees for a dtype view) launch no kernel
-            if func not in (torch.ops.aten.view.default, torch.ops.aten.view.dtype, torch.ops.aten.detach.default,
-                            torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default):
-                self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     layer = FP8StaticLayer(16)
     layer.append_kernel = False  # the torch path (the CPU's anyway); a GPU's kernel path: test_gpu_a_decode_update...
     layer.update(torch.randn(1, 2, 4, 8, dtype=torch.bfloat16), torch.randn(1, 2, 4, 8, dtype=torch.bfloat16))
     k, v = torch.randn(1, 2, 1, 8, dtype=torch.bfloat16), torch.randn(1, 2, 1, 8, dtype=torch.bfloat16)
-    with Count() as c:
+    with _op_count() as c:
         layer.update(k, v)
     assert len(c.ops) <= 9, c.ops
 
@@ -342,19 +347,6 @@ def test_gpu_a_decode_update_is_one_launch_and_one_op(v_layout):
     length's increment) besides the kernel, and its codes equal the torch path's, prompt and steps."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func not in (torch.ops.aten.view.default, torch.ops.aten.view.dtype, torch.ops.aten.detach.default,
-                            torch.ops.aten._unsafe_view.default, torch.ops.aten.alias.default):
-                self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     g = torch.Generator(device="cuda").manual_seed(4)
     ours, ref = FP8StaticLayer(300, v_layout=v_layout), FP8StaticLayer(300, v_layout=v_layout)
     ref.append_kernel = False
@@ -363,7 +355,7 @@ def test_gpu_a_decode_update_is_one_launch_and_one_op(v_layout):
         v = torch.randn(2, 3, n, 80, generator=g, device="cuda", dtype=torch.bfloat16) * 5
         ref.update(k, v)
         if n == 1:
-            with Count() as c:
+            with _op_count() as c:
                 ours.update(k, v)
             assert len(c.ops) == 1 and c.ops[0].startswith("aten.add_."), c.ops
         else:

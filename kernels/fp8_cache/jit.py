@@ -3,7 +3,7 @@
 :func:`append_kv_kernel` quantises new keys and values ``[B, Hkv, n, D]`` under per-kv-head (or per-tensor)
 float32 scales and writes the codes into the cache slots ``pos .. pos + n - 1``, where ``pos`` is read from a
 device tensor (the cache's current length, so the launch is the same every decode step and a CUDA graph can
-replay it). One program per (block of ``BLOCK_T`` new tokens, batch ``b`` and kv head ``h``) does K and V.
+replay it). One program per (batch ``b`` and kv head ``h``, block of ``BLOCK_T`` new tokens) does K and V.
 
 Semantics, bit for bit those of :func:`attntune.fp8.quantize` followed by a store of the codes:
 ``code = round_to_nearest_even(clamp(float32(x) / scale[h], -FMAX, FMAX))`` in the float8 format, with
@@ -74,14 +74,14 @@ def append_kv_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, pos_ptr, n, H
                      sck_b, sck_h, sck_l, sck_d, scv_b, scv_h, scv_l, scv_d, ks_h, vs_h,
                      DK: tl.constexpr, DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_T: tl.constexpr, FMAX: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
-    """Grid ``(cdiv(n, BLOCK_T), B * H)``: new keys ``k`` ``[B, H, n, DK]`` and values ``v`` ``[B, H, n, DV]``
+    """Grid ``(B * H, cdiv(n, BLOCK_T))`` (B * H on the axis without the 65535 limit): new keys ``k`` ``[B, H, n, DK]`` and values ``v`` ``[B, H, n, DV]``
     (any strides) into the uint8 views of the caches ``ck`` ``[B, H, L, DK]``, ``cv`` ``[B, H, L, DV]`` (any
     strides: a keys-contiguous V is ``scv_l == 1``) at slots ``pos .. pos + n - 1``, ``pos = *pos_ptr``.
     ``ks_h``/``vs_h``: 1 for per-head scales ``[H]``, 0 for one scale ``[1]``."""
-    bh = tl.program_id(1)
+    bh = tl.program_id(0)
     b = bh // H
     h = bh % H
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     pos = tl.load(pos_ptr)
     _quantise_store(k_ptr, ck_ptr, ks_ptr, b, h, pos, t, n, L, sk_b, sk_h, sk_t, sk_d,
                     sck_b, sck_h, sck_l, sck_d, ks_h, DK, BLOCK_DK, FMAX, MBITS, BIAS)

@@ -70,7 +70,7 @@ def append_kv_(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v:
             *consts)
     key = (k.dtype, v.dtype, k_scale.numel() > 1, v_scale.numel() > 1, pos.dtype, consts,
            int_classes(*ints), aligned(k, v, ck, cv, k_scale, v_scale, pos))
-    grid = ((n + block_t - 1) // block_t, B * H, 1)
+    grid = (B * H, (n + block_t - 1) // block_t, 1)
     _kernel()(key, grid, args, num_warps=4 if max(DK, DV) * block_t >= 1024 else 1, num_stages=None,
               device_index=k_cache.device.index or 0)
 
