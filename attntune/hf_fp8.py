@@ -53,6 +53,7 @@ class FP8StaticLayer(StaticLayer):
         #: (on the CPU only under TRITON_INTERPRET=1: tests), False — torch ops; the codes are the same bit for bit
         self.append_kernel = None
         self._auto_kernel = {}
+        self._appender = None  # the append kernel's plan for this layer's buffers (made on first use)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -70,6 +71,7 @@ class FP8StaticLayer(StaticLayer):
         setattr(self.keys, SCALE_ATTR, self.k_scale)
         setattr(self.values, SCALE_ATTR, self.v_scale)
         self.cumulative_length = self.cumulative_length.to(self.device)
+        self._appender = None  # new buffers
         if not torch.compiler.is_compiling():  # as StaticLayer: fixed addresses for CUDA graphs
             for t in (self.keys, self.values, self.k_scale, self.v_scale, self.cumulative_length):
                 torch._dynamo.mark_static_address(t)
@@ -90,11 +92,13 @@ class FP8StaticLayer(StaticLayer):
         n = key_states.shape[-2]
         if self._kernel_append(key_states, value_states):
             # one launch for K and V (kernels/fp8_cache): eager generate runs this per layer and decode step on the
-            # host's time (H100 VM: ~8.5 µs a torch op), where the torch path below launches 8 ops
-            from attntune.kernels.fp8_cache.launch import append_kv_
+            # host's time (H100 VM: ~8.5 µs a torch op), where the torch path below launches 8 ops; the appender
+            # is planned once for the layer's (static) buffers
+            if self._appender is None:
+                from attntune.kernels.fp8_cache.launch import KVAppender
 
-            append_kv_(self.keys, self.values, key_states, value_states, self.k_scale, self.v_scale,
-                       self.cumulative_length)
+                self._appender = KVAppender(self.keys, self.values, self.k_scale, self.v_scale)
+            self._appender(key_states, value_states, self.cumulative_length)
         else:
             # 8 ops (fp8.quantize takes three); one new token's slot is the current length itself (a view, no op);
             # the length grows after the copies read it

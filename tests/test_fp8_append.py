@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from attntune import fp8  # noqa: E402
-from attntune.kernels.fp8_cache.launch import append_kv_  # noqa: E402
+from attntune.kernels.fp8_cache.launch import KVAppender, append_kv_  # noqa: E402
 
 FORMATS = [torch.float8_e4m3fn, torch.float8_e5m2]
 
@@ -109,6 +109,29 @@ def test_bad_arguments_are_refused_naming_them():
         append_kv_(kc, kc, k, k, one, torch.ones(3), pos)
     with pytest.raises(ValueError, match="k_scale: expected float32"):
         append_kv_(kc, kc, k, k, one.double(), one, pos)
+    with pytest.raises(ValueError, match="pos: expected one int32/int64 element"):
+        append_kv_(kc, kc, k, k, one, one, torch.tensor([0.0]))
+    with pytest.raises(ValueError, match=r"k_cache/v_cache: expected \[B, H, L, DK\] and \[B, H, L, DV\]"):
+        append_kv_(kc, kc[:, :1], k, k, one, one, pos)
+
+
+def test_an_appender_plans_once_per_shape_and_sees_its_caches_refilled():
+    """A layer keeps one :class:`KVAppender` for its buffers: repeated steps of one shape reuse one plan, a new
+    shape gets its own, and each call reads the current ``pos`` and inputs (nothing but the plan is cached)."""
+    kc = torch.zeros(1, 2, 8, 16, dtype=torch.float8_e4m3fn)
+    vc = torch.zeros(1, 2, 8, 16, dtype=torch.float8_e4m3fn)
+    one = torch.ones(1)
+    app = KVAppender(kc, vc, one, one)
+    pos = torch.tensor(0)
+    for step in range(3):
+        x = torch.full((1, 2, 1, 16), float(step + 1))
+        app(x, -x, pos)
+        pos += 1
+    assert len(app._plans) == 1
+    app(torch.ones(1, 2, 3, 16), torch.ones(1, 2, 3, 16), pos)
+    assert len(app._plans) == 2
+    assert kc[0, 0, :6, 0].float().tolist() == [1.0, 2.0, 3.0, 1.0, 1.0, 1.0]
+    assert vc[0, 1, :3, 5].float().tolist() == [-1.0, -2.0, -3.0]
 
 
 @pytest.mark.gpu

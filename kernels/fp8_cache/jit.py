@@ -74,9 +74,10 @@ def append_kv_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, pos_ptr, n, H
                      sck_b, sck_h, sck_l, sck_d, scv_b, scv_h, scv_l, scv_d, ks_h, vs_h,
                      DK: tl.constexpr, DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_T: tl.constexpr, FMAX: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
-    """Grid ``(B * H, cdiv(n, BLOCK_T))`` (B * H on the axis without the 65535 limit): new keys ``k`` ``[B, H, n, DK]`` and values ``v`` ``[B, H, n, DV]``
-    (any strides) into the uint8 views of the caches ``ck`` ``[B, H, L, DK]``, ``cv`` ``[B, H, L, DV]`` (any
-    strides: a keys-contiguous V is ``scv_l == 1``) at slots ``pos .. pos + n - 1``, ``pos = *pos_ptr``.
+    """Grid ``(B * H, cdiv(n, BLOCK_T))`` (B * H on the axis without the 65535 limit): new keys ``k``
+    ``[B, H, n, DK]`` and values ``v`` ``[B, H, n, DV]`` (any strides) into the uint8 views of the caches ``ck``
+    ``[B, H, L, DK]``, ``cv`` ``[B, H, L, DV]`` (any strides: a keys-contiguous V is ``scv_l == 1``) at slots
+    ``pos .. pos + n - 1``, ``pos = *pos_ptr``.
     ``ks_h``/``vs_h``: 1 for per-head scales ``[H]``, 0 for one scale ``[1]``."""
     bh = tl.program_id(0)
     b = bh // H
