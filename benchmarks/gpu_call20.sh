@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The 2026-12-07 (thirtieth) session's device calls, adaptive to the card. JSON and logs under $OUT.
-#   STEP=1 (default): H200: the append kernel's GPU tests, then #13's regret + fidelity (gpu_call15.sh PART=regret, RUN_S seconds); other cards: the
-#          whole GPU suite (STEP=2 ran on an H100 first).
+#   STEP=1 (default): H200: the append kernel's GPU tests, then #13's regret + fidelity (gpu_call15.sh PART=regret,
+#          RUN_S seconds); other cards: STEP=2.
 #   STEP=2: the GPU tests of the FP8 append kernel (tests/test_fp8_append.py, tests/test_hf_fp8.py), the launch-cost
 #          probe, HF generate with the FP8 KV cache against SDPA's bf16 static cache, appending through the kernel
-#          (auto) and through torch ops, each in its own run, 3 repeats; H200 then re-tunes its stale rows (gpu_call3.sh, no tests, TUNE_S s).
+#          (auto) and through torch ops, each in its own run, 3 repeats; then H200: re-tune its stale rows
+#          (gpu_call3.sh, no tests, TUNE_S s); other cards: the whole GPU suite (SUITE_S s).
 #   (probe_pdl ran first in this session's first call: PDL saves 0.18-0.32 µs, the decode-pdl patch is dropped.)
 set -u
 T0=$(date +%s)
@@ -21,11 +22,6 @@ if [ "${STEP:-1}" = 1 ] && [ "$CARD" = h200 ]; then
   PART=regret RUN_S=${RUN_S:-430} MAX_CONFIGS=${MAX_CONFIGS:-32} bash benchmarks/gpu_call15.sh
   echo "total $(( $(date +%s) - T0 )) s"; exit 0
 fi
-if [ "${STEP:-1}" = 1 ]; then  # another card, once STEP=2 has run there: the whole GPU suite with the append kernel
-  timeout 300 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider > "$OUT/gpu_tests_$CARD.log" 2>&1
-  echo "gpu suite rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_$CARD.log" | head
-  tail -1 "$OUT/gpu_tests_$CARD.log"; exit 0
-fi
 append_tests
 timeout 60 python3 benchmarks/probe_launch_cost.py --out "$OUT/probe_launch_cost_$CARD.json" 2>&1 | tail -4
 for append in auto torch; do  # auto: the append kernel on the GPU; torch: the 9 torch ops it replaces
@@ -35,5 +31,10 @@ for append in auto torch; do  # auto: the append kernel on the GPU; torch: the 9
   echo "generate fp8 append=$append rc=$? ($(( $(date +%s) - T0 )) s)"
   grep -E "^\[|^llama" "$OUT/generate_fp8_$append.log" | tail -6 | cut -c1-200
 done
-if [ "$CARD" = h200 ]; then SKIP_TESTS=1 BUDGET_S=${TUNE_S:-300} bash benchmarks/gpu_call3.sh; fi
+if [ "$CARD" = h200 ]; then SKIP_TESTS=1 BUDGET_S=${TUNE_S:-300} bash benchmarks/gpu_call3.sh
+else  # another card: then the whole GPU suite with the append kernel
+  timeout ${SUITE_S:-240} python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider > "$OUT/gpu_tests_$CARD.log" 2>&1
+  echo "gpu suite rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_$CARD.log" | head
+  tail -1 "$OUT/gpu_tests_$CARD.log"
+fi
 echo "total $(( $(date +%s) - T0 )) s"
