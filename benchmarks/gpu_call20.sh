@@ -5,7 +5,7 @@
 #   STEP=2: the GPU tests of the FP8 append kernel (tests/test_fp8_append.py, tests/test_hf_fp8.py), the launch-cost
 #          probe, HF generate with the FP8 KV cache against SDPA's bf16 static cache, appending through the kernel
 #          (auto) and through torch ops, each in its own run, 3 repeats; then H200: re-tune its stale rows
-#          (gpu_call3.sh, no tests, TUNE_S s); other cards: the whole GPU suite (SUITE_S s).
+#          (gpu_call3.sh, no tests, TUNE_S s; 0: none, and the suite instead); other cards: the whole GPU suite (SUITE_S s).
 #   (probe_pdl ran first in this session's first call: PDL saves 0.18-0.32 µs, the decode-pdl patch is dropped.)
 set -u
 T0=$(date +%s)
@@ -31,7 +31,7 @@ for append in auto torch; do  # auto: the append kernel on the GPU; torch: the 9
   echo "generate fp8 append=$append rc=$? ($(( $(date +%s) - T0 )) s)"
   grep -E "^\[|^llama" "$OUT/generate_fp8_$append.log" | tail -6 | cut -c1-200
 done
-if [ "$CARD" = h200 ]; then SKIP_TESTS=1 BUDGET_S=${TUNE_S:-300} bash benchmarks/gpu_call3.sh
+if [ "$CARD" = h200 ] && [ "${TUNE_S:-300}" != 0 ]; then SKIP_TESTS=1 BUDGET_S=${TUNE_S:-300} bash benchmarks/gpu_call3.sh
 else  # another card: then the whole GPU suite with the append kernel
   timeout ${SUITE_S:-240} python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider > "$OUT/gpu_tests_$CARD.log" 2>&1
   echo "gpu suite rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_$CARD.log" | head
