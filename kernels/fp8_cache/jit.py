@@ -9,7 +9,8 @@ Semantics, bit for bit those of :func:`attntune.fp8.quantize` followed by a stor
 ``code = round_to_nearest_even(clamp(float32(x) / scale[h], -FMAX, FMAX))`` in the float8 format, with
 ``/`` the IEEE (correctly rounded) float32 division (``div_rn``; Triton's plain ``/`` on CUDA is approximate),
 NaN to the format's NaN (``0x7F``, the sign kept), -0.0 to ``0x80``. Slots at or past ``L`` (the cache's
-length) are not written; the host checks the length first.
+length) are not written: the caller keeps ``pos + n <= L`` (``generate`` refuses a longer run before it starts),
+and the mask keeps a violation inside the buffers.
 
 The float8 encoding is integer arithmetic on the float32 bits, not Triton's float8 cast: it is the same on
 every backend, the interpreter included (whose own cast loses a round-up's carry: 124.8 -> 64 instead of 128
@@ -80,8 +81,9 @@ def append_kv_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, pos_ptr, n, H
     ``pos .. pos + n - 1``, ``pos = *pos_ptr``.
     ``ks_h``/``vs_h``: 1 for per-head scales ``[H]``, 0 for one scale ``[1]``."""
     bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
+    # 64-bit row offsets: b * stride passes 2**31 in a cache of more than 2 GiB (e.g. B 64, H 8, L 32k, D 128)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     pos = tl.load(pos_ptr)
     _quantise_store(k_ptr, ck_ptr, ks_ptr, b, h, pos, t, n, L, sk_b, sk_h, sk_t, sk_d,

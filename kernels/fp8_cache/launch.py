@@ -1,5 +1,6 @@
-"""Host launcher of the FP8 cache append: :func:`append_kv_` (argument checks, tile sizes, grid). The device code
-is in :mod:`.jit`; its semantics are :func:`attntune.fp8.quantize`'s, bit for bit.
+"""Host launcher of the FP8 cache append: :class:`KVAppender` (argument checks, tile sizes, grid, planned once per
+pair of caches) and the one-shot :func:`append_kv_`. The device code is in :mod:`.jit`; its semantics are
+:func:`attntune.fp8.quantize`'s, bit for bit.
 
 Why a kernel: in eager ``generate`` a decode step is host-bound, and the append ran per layer and step as 9 torch
 ops (quantise K and V: divide, clamp, cast; two ``index_copy_``; the length's increment) at ~8.5 µs of host
@@ -23,6 +24,9 @@ FORMAT_BITS: Dict[torch.dtype, tuple] = {torch.float8_e4m3fn: (3, 7), torch.floa
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: most new tokens one program quantises (a prompt's append spreads over programs; a decode step is one token)
 MAX_BLOCK_T = 16
+#: most launch plans one appender keeps (one per new-state shape: each prompt length adds one; past this, new
+#: shapes are planned per call and not kept, so a long-lived cache does not grow without bound)
+MAX_PLANS = 64
 
 _APPEND = None
 
@@ -77,7 +81,9 @@ class KVAppender:
         memo = (k.shape, v.shape, k.stride(), v.stride(), k.dtype, v.dtype, pos.dtype)
         plan = self._plans.get(memo)
         if plan is None:
-            plan = self._plans[memo] = self._plan(k, v, pos)
+            plan = self._plan(k, v, pos)
+            if len(self._plans) < MAX_PLANS:
+                self._plans[memo] = plan
         ints, key, grid, warps = plan
         if grid is None:  # no new tokens
             return
