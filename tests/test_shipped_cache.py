@@ -34,23 +34,9 @@ def test_the_shipped_sdpa_rows_keep_their_source():
     assert not changed, f"shipped rows of {sorted(changed)} would be stale: variant source changed"
 
 #: The shipped rows of Triton variants written under an earlier kernel source that no re-tune has replaced
-#: yet (H200 rows: an H200 re-tune re-ships them, and this set shrinks — the test then still passes).
-STALE_BY_SOURCE_AWAITING_RETUNE = frozenset({
-    # the H200's two FP8-KV prefill keys (B1 H32/8 D128 causal e4m3fn, S4096 and S512x4096): the 2026-12-06
-    # re-tune of the other twelve ran out of its time limit before these
-    "1e80e5f4009a7c4468e5", "daf1d8c69ca133dd798b",  # triton_flash
-    # triton_decode after its loop changed (2026-12-07, whole tiles unmasked and the tail masked): the H200 re-tuned
-    # its twelve bf16 decode keys under the new source the same day (tune_default_h200_2026-12-07_vkeys.log); these
-    # await a re-tune — the H200's window decode key and its six FP8-KV keys (the time limit came first). The H100's
-    # nineteen decode rows were re-tuned on 2026-12-07 (tune_default_h100_2026-12-07f_loop.log, tune_fp8_...).
-    "ae343d20923a800ae72c", "173539985f1b9e2064aa", "8f1c5441dc401b748c0a", "878c2e99b1c8f3cf77fd",
-    "5eaf4d0d37e0b8c07c58", "b27b16206504a5f62043", "3284a864ced576ceb793",
-    # triton_flash after V_T (2026-12-07: descriptor loads over the FP8/TF32 V copy, the copy padded to 16-byte rows;
-    # kernels/equivalences.py keeps the other keys' rows): the H200's three TF32 keys (dense and causal forward,
-    # causal training). The H100's three TF32 and two FP8-KV prefill keys were re-tuned the same day
-    # (gpu_call19.sh; tune_fp8_h100_2026-12-07g_vt.log).
-    "e23add7bd2b8f0a0112c", "b2b4b42a792232b4f558", "957d8285933018cf0845",
-})
+#: yet (key ids, each with the reason and the re-tune awaited). Empty since 2026-12-07, when the H200's last twelve
+#: (window decode, six FP8-KV decode, two FP8-KV prefill, three TF32) re-tuned (tune_fp8_h200_2026-12-07i_retune.log).
+STALE_BY_SOURCE_AWAITING_RETUNE: frozenset = frozenset()
 
 
 def test_the_shipped_triton_rows_keep_their_source():
