@@ -50,6 +50,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 CASES = [(4, 32, 4096, 128), (2, 32, 8192, 128), (8, 32, 4096, 64)]  # (B, H, S, D)
+# Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later versions
+# async_load / async_store (the old names raise)
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 GRID = dict(BM=(128,), BN=(64, 128), STAGES=(2, 3), num_warps=(8,))
 
 
@@ -57,13 +61,12 @@ GRID = dict(BM=(128,), BN=(64, 128), STAGES=(2, 3), num_warps=(8,))
 def _load_kv(desc, row, bars, smem, slot, pred):
     """One K or V block into ring slot ``slot`` (TMA), its arrival counted on ``bars[slot]``."""
     mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(desc, [row, 0], bars.index(slot), smem.index(slot), pred=pred)
+    _tma_load(desc, [row, 0], bars.index(slot), smem.index(slot), pred=pred)
 
 
 @gluon.jit
 def fa_fwd(desc_q, desc_k, desc_v, desc_o, qk_scale, S_q, S_kv,
-           BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-           num_warps: gl.constexpr):
+           BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
     """Grid (S_q // BM, B*H). desc_q/desc_o over [B*H*S_q, D] (block [BM, D]), desc_k/desc_v over
     [B*H*S_kv, D] (block [BN, D]); qk_scale = softmax scale * log2(e). Dense attention, base-2 softmax."""
     pid_m = gl.program_id(0)
@@ -71,6 +74,7 @@ def fa_fwd(desc_q, desc_k, desc_v, desc_o, qk_scale, S_q, S_kv,
     q_row = bh * S_q + pid_m * BM
     kv_row = bh * S_kv
     n = S_kv // BN
+    num_warps: gl.constexpr = gl.num_warps()  # the launch option: 8 = two warpgroups of 64 rows each
 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BN, 16])
@@ -92,7 +96,7 @@ def fa_fwd(desc_q, desc_k, desc_v, desc_o, qk_scale, S_q, S_kv,
     fence_async_shared()
 
     mbarrier.expect(q_bar, desc_q.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc_q, [q_row, 0], q_bar, q_smem)
+    _tma_load(desc_q, [q_row, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
         _load_kv(desc_k, kv_row + i * BN, k_bars, k_smem, i, i < n)
         _load_kv(desc_v, kv_row + i * BN, v_bars, v_smem, i, i < n)
@@ -145,7 +149,7 @@ def fa_fwd(desc_q, desc_k, desc_v, desc_o, qk_scale, S_q, S_kv,
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [BM, D], desc_o.layout)
     o_smem.store(out.to(desc_o.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(desc_o, [q_row, 0], o_smem)
+    _tma_store(desc_o, [q_row, 0], o_smem)
     tma.store_wait(0)
 
 
@@ -186,14 +190,14 @@ def compile_only(d=128, arch=90):
         descs = descriptors(q, q, q, q, cfg["BM"], cfg["BN"])
         sig = {n: mangle_type(x) for n, x in zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs)}
         sig.update({"qk_scale": "fp32", "S_q": "i32", "S_kv": "i32"})
-        ce = {"BM": cfg["BM"], "BN": cfg["BN"], "D": d, "STAGES": cfg["STAGES"], "num_warps": cfg["num_warps"]}
+        ce = {"BM": cfg["BM"], "BN": cfg["BN"], "D": d, "STAGES": cfg["STAGES"]}
         sig.update({n: "constexpr" for n in ce})
         name = "/".join(str(cfg[k]) for k in GRID)
         try:
             kern = triton.compile(GluonASTSource(fa_fwd, sig, constexprs=ce), target=GPUTarget("cuda", arch, 64),
                                   options={"num_warps": cfg["num_warps"], "num_stages": 1})
         except Exception as e:  # noqa: BLE001 — report each config's failure
-            res[name] = {"error": f"{type(e).__name__}: {str(e)[:600]}"}
+            res[name] = {"error": f"{type(e).__name__}: {str(e)[-900:]}"}
             continue
         ptx = kern.asm["ptx"]
         res[name] = {"shared_bytes": kern.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
