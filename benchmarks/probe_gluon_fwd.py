@@ -6,20 +6,12 @@ for sm_90, each dot's commit is followed by a wait for 0 before the first ``ex2`
 block's QKᵀ issued ahead). FlashAttention-3's intra-warpgroup pipelining needs the waits under the kernel's
 control, which Gluon gives (``warpgroup_mma(..., is_async=True)``, ``warpgroup_mma_wait(num_outstanding)``).
 
-The probe kernel (``fa_fwd``) per program: ``BM`` query rows of one (batch, head); K/V blocks of ``BN`` keys
-through a ``STAGES``-deep ring of TMA loads (an mbarrier per slot for K and one for V); the schedule
-
-    S_0 = Q K_0ᵀ; softmax_0
-    for j in 1..n-1:  issue S_j = Q K_jᵀ;  issue O += P_{j-1} V_{j-1};  wait for S_j only (1 outstanding);
-                      softmax_j (runs while PV_{j-1} is on the tensor cores);  wait for PV_{j-1};
-                      O *= alpha_j;  refill the freed slot with block j-1+STAGES
-    O += P_{n-1} V_{n-1};  O /= l
-
-Scope: the forward contract of ``kernels/triton_flash`` for 16-bit inputs — GQA, causal (both alignments), sliding
-windows, odd lengths, head dims that are multiples of 8 (compiled: 64, 80, 128; 4-D TMA descriptors: zero fill past the
-sequence and D, the store clips), LSE — checked against a float32 reference on an odd-shape grid before anything is
-timed. Not yet: FP8, float32, the backward. A probe, not a variant: if it wins, it goes into
-``kernels/triton_flash`` behind the ``LOADS`` knob.
+The kernel is the library's ``gluon_flash`` variant (``kernels/gluon_flash``, experimental: ``ATTNTUNE_GLUON=1``):
+``BM`` query rows per program, K/V blocks of ``BN`` keys through a ``STAGES``-deep TMA ring, the softmax of block j
+running while the tensor cores do P_{j-1} V_{j-1} (its module docstring has the schedule). This probe runs it
+directly, over the forward contract of ``kernels/triton_flash`` for 16-bit inputs (GQA, causal in both alignments,
+windows, odd lengths, padded head dims, LSE, rows with no key): first a correctness grid against a float32
+reference, then its configs timed beside SDPA cuDNN, SDPA flash and our Triton forward.
 
     python benchmarks/probe_gluon_fwd.py --out $OUT/probe_gluon_fwd.json   # GPU: check, then time (~1 min)
     python benchmarks/probe_gluon_fwd.py --compile                         # CPU: compile for sm_90 only
@@ -30,7 +22,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import sys
 import time
@@ -38,204 +29,18 @@ import time
 import torch
 import triton
 import triton.language as tl
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-LOG2E = 1.4426950408889634
-LN2 = gl.constexpr(0.6931471805599453)
-CASES = [(4, 32, 4096, 128), (2, 32, 8192, 128), (8, 32, 4096, 64)]  # (B, H, S, D)
-# Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later versions
-# async_load / async_store (the old names raise)
-_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+from attntune.kernels.gluon_flash.config import GluonFwdConfig
+from attntune.kernels.gluon_flash.launch import compile_for, forward
+
 GRID = dict(BM=(128,), BN=(64, 128), STAGES=(2, 3), num_warps=(8,))
 
 
-@gluon.jit
-def _load_kv(desc, b, h, start, bars, smem, slot, pred):
-    """One K or V block (keys ``start`` onwards of kv head ``h`` of batch ``b``) into ring slot ``slot`` (TMA:
-    zero fill past the sequence and past D), its arrival counted on ``bars[slot]``."""
-    mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=pred)
-    _tma_load(desc, [b, h, start, 0], bars.index(slot), smem.index(slot), pred=pred)
-
-
-@gluon.jit
-def _softmax(s, m_i, l_i, start, masked, rows, cols0, seqlen_kv, diag_off, win_left, win_right, qk_scale,
-             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
-    """One key block's online-softmax step on the scores ``s`` [BM, BN] (fp32, unscaled): the mask when
-    ``masked`` (a runtime flag: blocks inside the window and the sequence skip it), then P, alpha, l and m (base 2,
-    m already scaled). A row with nothing admitted yet keeps m = -inf and gets P = alpha = 0, never NaN."""
-    if masked:
-        cols = start + cols0
-        ok = (cols < seqlen_kv)[None, :]
-        diag = rows + diag_off
-        if HAS_RIGHT:
-            ok = ok & (cols[None, :] <= (diag + win_right)[:, None])
-        if HAS_LEFT:
-            ok = ok & (cols[None, :] >= (diag - win_left)[:, None])
-        s = gl.where(ok, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s * qk_scale - m_sub[:, None])
-    alpha = gl.exp2(m_i - m_sub)
-    return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
-
-
-@gluon.jit
-def fa_fwd(desc_q, desc_k, desc_v, desc_o, LSE, seqlen_q, seqlen_kv, heads_q, group, diag_off, win_left, win_right,
-           qk_scale, BM: gl.constexpr, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr,
-           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
-    """Grid (cdiv(Sq, BM), B*Hq). desc_q/desc_o: 4-D TMA descriptors over Q/O ``[B, Hq, Sq, D]`` (block
-    ``[1, 1, BM, BD]``), desc_k/desc_v over K/V ``[B, Hkv, Skv, D]`` (block ``[1, 1, BN, BD]``), any strides TMA takes
-    (last 1, others 16-byte multiples); BD >= D (zero filled past D, the store clips there and past Sq).
-    LSE [B, Hq, Sq] fp32 contiguous, natural log, -inf for a row with no key. qk_scale = scale * log2(e).
-    Mask as ``kernels/triton_flash`` (``attntune.problem``): row i admits key j iff j < Skv and, per bounded side,
-    i + diag_off - win_left <= j <= i + diag_off + win_right (causal folded into win_right <= 0).
-    GQA: query head h reads kv head h // group."""
-    num_warps: gl.constexpr = gl.num_warps()  # 8: two warpgroups of 64 rows each
-    num_m = gl.cdiv(seqlen_q, BM)
-    start_m = (num_m - 1 - gl.program_id(0)) * BM  # last blocks first: under a causal mask they are the longest
-    bh = gl.program_id(1)
-    off_b = bh // heads_q
-    off_h = bh % heads_q
-    off_hk = off_h // group
-
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BD, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    rows = start_m + gl.arange(0, BM, layout=row_s)
-    cols0 = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-
-    # the key range [lo, hi) this row block admits; [b, c): blocks every row admits whole (no mask)
-    if HAS_LEFT:
-        lo = gl.maximum(start_m + diag_off - win_left, 0) // BN * BN
-        full_lo = gl.cdiv(gl.maximum(start_m + BM - 1 + diag_off - win_left, 0), BN) * BN
-    else:
-        lo = 0
-        full_lo = 0
-    if HAS_RIGHT:
-        hi = gl.maximum(gl.minimum(start_m + BM + diag_off + win_right, seqlen_kv), 0)
-        full_hi = gl.maximum(gl.minimum(start_m + diag_off + win_right + 1, seqlen_kv), 0) // BN * BN
-    else:
-        hi = seqlen_kv
-        full_hi = seqlen_kv // BN * BN
-    n = gl.maximum(gl.cdiv(hi - lo, BN), 0)
-
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [1, 1, BM, BD], desc_q.layout)
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES, 1, 1, BN, BD], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES, 1, 1, BN, BD], desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-    fence_async_shared()
-
-    m_i = gl.full([BM], float("-inf"), gl.float32, layout=row_s)
-    l_i = gl.zeros([BM], gl.float32, layout=row_s)
-    o = gl.zeros([BM, BD], gl.float32, layout=o_layout)
-    if n > 0:  # a block of rows admitting no key (causal bottom-right with Sq > Skv) loads nothing
-        mbarrier.expect(q_bar, desc_q.block_type.nbytes)
-        _tma_load(desc_q, [off_b, off_h, start_m, 0], q_bar, q_smem)
-        for i in gl.static_range(STAGES):
-            _load_kv(desc_k, off_b, off_hk, lo + i * BN, k_bars, k_smem, i, i < n)
-            _load_kv(desc_v, off_b, off_hk, lo + i * BN, v_bars, v_smem, i, i < n)
-        q2 = q_smem.reshape([BM, BD])
-        s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
-
-        # block 0: S_0 and its softmax (nothing to overlap with yet)
-        mbarrier.wait(q_bar, 0)
-        mbarrier.wait(k_bars.index(0), 0)
-        s_tok = warpgroup_mma(q2, k_smem.index(0).reshape([BN, BD]).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
-        s = warpgroup_mma_wait(0, deps=[s_tok])
-        p, alpha, l_i, m_i = _softmax(s, m_i, l_i, lo, (lo < full_lo) | (lo + BN > full_hi), rows, cols0,
-                                      seqlen_kv, diag_off, win_left, win_right, qk_scale, HAS_LEFT, HAS_RIGHT)
-        for j in range(1, n):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            start = lo + j * BN
-            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q2, k_smem.index(slot).reshape([BN, BD]).permute((1, 0)), s_zero, use_acc=False,
-                                  is_async=True)
-            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-            p16 = gl.convert_layout(p.to(desc_v.dtype), p_layout)
-            o_tok = warpgroup_mma(p16, v_smem.index(prev).reshape([BN, BD]), o, is_async=True)
-            # S_j is the older group: waiting for 1 outstanding leaves PV_{j-1} running during the softmax
-            s = warpgroup_mma_wait(1, deps=[s_tok])
-            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, start, (start < full_lo) | (start + BN > full_hi), rows,
-                                          cols0, seqlen_kv, diag_off, win_left, win_right, qk_scale, HAS_LEFT,
-                                          HAS_RIGHT)
-            o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])  # p16 (registers) stays live until PV_{j-1} is done
-            o = o * gl.convert_layout(alpha, row_o)[:, None]
-            # slot `prev` is free (QK_{j-1} and PV_{j-1} done): refill it with block j-1+STAGES
-            nxt = j - 1 + STAGES
-            _load_kv(desc_k, off_b, off_hk, lo + nxt * BN, k_bars, k_smem, prev, nxt < n)
-            _load_kv(desc_v, off_b, off_hk, lo + nxt * BN, v_bars, v_smem, prev, nxt < n)
-        last = (n - 1) % STAGES
-        mbarrier.wait(v_bars.index(last), ((n - 1) // STAGES) & 1)
-        p16 = gl.convert_layout(p.to(desc_v.dtype), p_layout)
-        o_tok = warpgroup_mma(p16, v_smem.index(last).reshape([BN, BD]), o, is_async=True)
-        o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
-
-    # rows that admitted no key: l = 0 -> output 0 and LSE -inf (FlashAttention's convention)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
-    gl.store(LSE + bh.to(gl.int64) * seqlen_q + rows, lse, mask=rows < seqlen_q)
-    out = o / gl.convert_layout(l_safe, row_o)[:, None]
-    o_smem = gl.allocate_shared_memory(desc_o.dtype, [1, 1, BM, BD], desc_o.layout)
-    o_smem.reshape([BM, BD]).store(out.to(desc_o.dtype))
-    fence_async_shared()
-    _tma_store(desc_o, [off_b, off_h, start_m, 0], o_smem)  # clips rows past Sq and columns past D
-    tma.store_wait(0)
-
-
-def _desc(t, rows, bd):
-    """A 4-D TMA descriptor over ``t`` [B, H, S, D] with block [1, 1, rows, bd]."""
-    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
-    lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, bd], dt)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd], lay)
-
-
-def block_d(d: int) -> int:
-    return max(16, 1 << (d - 1).bit_length())
-
-
-def launch(q, k, v, cfg, causal=False, window=None, causal_align="bottom_right", o=None, lse=None):
-    """``fa_fwd`` on q [B, Hq, Sq, D], k/v [B, Hkv, Skv, D] (bf16/fp16, D % 8 == 0, last stride 1); returns (o, lse)."""
-    from attntune.kernels.triton_flash.launch import mask_args
-
-    b, hq, sq, d = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
-    bd = block_d(d)
-    ma = mask_args(sq, skv, causal, causal_align, window)
-    o = torch.empty_like(q) if o is None else o
-    lse = torch.empty(b, hq, sq, device=q.device, dtype=torch.float32) if lse is None else lse
-    fa_fwd[(triton.cdiv(sq, cfg["BM"]), b * hq)](
-        _desc(q, cfg["BM"], bd), _desc(k, cfg["BN"], bd), _desc(v, cfg["BN"], bd), _desc(o, cfg["BM"], bd), lse,
-        sq, skv, hq, hq // hkv, ma.diag_off, ma.win_left, ma.win_right, LOG2E / math.sqrt(d),
-        BM=cfg["BM"], BN=cfg["BN"], BD=bd, STAGES=cfg["STAGES"], HAS_LEFT=ma.has_left, HAS_RIGHT=ma.has_right,
-        num_warps=cfg["num_warps"])
-    return o, lse
+def launch(q, k, v, cfg, causal=False, window=None, causal_align="bottom_right"):
+    """The library's Gluon forward (``kernels/gluon_flash``) with a probe config dict; returns (o, lse)."""
+    return forward(q, k, v, GluonFwdConfig(BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], num_stages=cfg["STAGES"],
+                                           num_warps=cfg["num_warps"]), causal=causal, causal_align=causal_align,
+                   window=window)
 
 
 def configs():
@@ -270,26 +75,14 @@ MASKS = {"dense": (False, False), "causal": (False, True), "window": (True, True
 def compile_only(ds=(128, 64, 80), masks=tuple(MASKS), arch=90):
     """Compile every probe config for ``sm_{arch}`` without a GPU, per head dim and mask kind; returns
     {"D/mask/config": shared bytes, wgmma count, the wait_group counts, registers and spills, or the error}."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     res = {}
     for d, mask, cfg in itertools.product(ds, masks, configs()):
-        bd = block_d(d)
-        q = torch.empty(1, 1, 256, d, dtype=torch.bfloat16)
-        descs = [_desc(q, cfg[r], bd) for r in ("BM", "BN", "BN", "BM")]
-        sig = {n: mangle_type(x) for n, x in zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs)}
-        sig.update({"LSE": "*fp32", **{n: "i32" for n in ("seqlen_q", "seqlen_kv", "heads_q", "group", "diag_off",
-                                                           "win_left", "win_right")}, "qk_scale": "fp32"})
         has_left, has_right = MASKS[mask]
-        ce = {"BM": cfg["BM"], "BN": cfg["BN"], "BD": bd, "STAGES": cfg["STAGES"], "HAS_LEFT": has_left,
-              "HAS_RIGHT": has_right}
-        sig.update({n: "constexpr" for n in ce})
         name = f"D{d}/{mask}/" + "/".join(str(cfg[k]) for k in GRID)
         try:
-            kern = triton.compile(GluonASTSource(fa_fwd, sig, constexprs=ce), target=GPUTarget("cuda", arch, 64),
-                                  options={"num_warps": cfg["num_warps"], "num_stages": 1})
+            kern = compile_for(GluonFwdConfig(BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], num_stages=cfg["STAGES"],
+                                              num_warps=cfg["num_warps"]), d, has_left=has_left,
+                               has_right=has_right, arch=arch)
         except Exception as e:  # noqa: BLE001 — report each config's failure
             res[name] = {"error": f"{type(e).__name__}: {str(e)[-900:]}"}
             continue
@@ -311,7 +104,7 @@ def dot_wait_order(arch=90):
         sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "S": "i32", "qk_scale": "fp32",
                "PIPE": "constexpr", "BM": "constexpr", "BN": "constexpr", "D": "constexpr"}
         k = triton.compile(ASTSource(_tl_loop, sig, constexprs={"PIPE": pipe, "BM": 128, "BN": 64, "D": 128}),
-                           target=GPUTarget("cuda", arch, 64), options={"num_warps": 8, "num_stages": 3})
+                           target=GPUTarget("cuda", arch, 32), options={"num_warps": 8, "num_stages": 3})
         ev = []
         for ln in k.asm["ptx"].splitlines():
             s = ln.strip()
@@ -379,25 +172,12 @@ TIMES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 32, 4096, 64, 
 
 
 def reference(q, k, v, causal, causal_align, window):
-    """float32 attention with the mask spelled out; rows admitting no key give 0 and LSE -inf."""
-    from attntune.kernels.triton_flash.launch import mask_args
+    """float32 attention with the library's reference (rows admitting no key: 0 and LSE -inf): (out, lse)."""
+    from attntune.kernels.reference import masked_softmax_attention
+    from attntune.problem import problem_from_tensors
 
-    sq, skv, d = q.shape[2], k.shape[2], q.shape[3]
-    g = q.shape[1] // k.shape[1]
-    kf, vf = (t.float().repeat_interleave(g, dim=1) for t in (k, v))
-    ma = mask_args(sq, skv, causal, causal_align, window)
-    i = torch.arange(sq, device=q.device)[:, None] + ma.diag_off
-    j = torch.arange(skv, device=q.device)[None, :]
-    ok = torch.ones(sq, skv, dtype=torch.bool, device=q.device)
-    if ma.has_right:
-        ok &= j <= i + ma.win_right
-    if ma.has_left:
-        ok &= j >= i - ma.win_left
-    s = (q.float() @ kf.transpose(-1, -2)) / math.sqrt(d)
-    s = s.masked_fill(~ok, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    o = torch.nan_to_num(torch.softmax(s, -1)) @ vf
-    return o, lse
+    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align, window=window)
+    return masked_softmax_attention(q, k, v, problem, compute_dtype=torch.float32, return_lse=True)
 
 
 def gpu_run(time_limit: float):

@@ -55,6 +55,7 @@ else:
         "attntune.kernels.triton_flash_variant",
         "attntune.kernels.triton_local_variant",
         "attntune.kernels.triton_decode_variant",
+        "attntune.kernels.gluon_flash_variant",
         "attntune.kernels.nystrom",
         "attntune.kernels.flex",
         "attntune.kernels.fp8_dequant",

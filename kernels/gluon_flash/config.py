@@ -1,0 +1,60 @@
+"""The Gluon forward's typed launch config (:mod:`attntune.kernels.launch_config`), its shared-memory model and
+the shapes it takes. No Triton import: the variant's ``supports()`` and space use these where Triton is missing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+from attntune.kernels.launch_config import LaunchConfig, at_least, knob, pow2_at_least
+
+#: head dims compiled for sm_90 without spills (``benchmarks/results/probe_gluon_fwd_compile_sm90_triton36.json``:
+#: D 64, 80 and 128 at every config, <= 246 registers); wider heads need smaller tiles, not yet measured
+MAX_HEAD_DIM = 128
+#: the TMA descriptors need 16-byte strides: a 16-bit head dim a multiple of 8
+HEAD_DIM_MULTIPLE = 8
+#: Hopper's opt-in shared memory per block
+SMEM_LIMIT = 227 * 1024
+
+
+def _warps(v: int):  # noqa: N802 — a knob's validity check
+    return None if v == 8 else "must be 8 (two warpgroups of 64 rows: the kernel's wgmma layout)"
+
+
+def _rows(v: int):
+    return None if v == 128 else "must be 128 (64 rows per warpgroup)"
+
+
+@dataclass(frozen=True)
+class GluonFwdConfig(LaunchConfig):
+    """One forward launch: ``BLOCK_M`` query rows, K/V blocks of ``BLOCK_N`` keys through a ``num_stages``-deep
+    ring of TMA loads, ``num_warps`` warps."""
+
+    BLOCK_M: int = knob(128, (128,), "query rows per program (64 per warpgroup)", valid=_rows)
+    BLOCK_N: int = knob(128, (64, 128), "keys per K/V block", valid=pow2_at_least(16))
+    num_stages: int = knob(2, (2, 3), "K/V blocks in flight (the TMA ring's depth)", valid=at_least(1))
+    num_warps: int = knob(8, (8,), "warps per program", valid=_warps)
+
+    def launch_opts(self) -> Dict[str, int]:
+        return {"num_warps": self.num_warps}
+
+
+def block_d(head_dim: int) -> int:
+    """The head dim's tile side: the next power of two, at least 16 (TMA zero-fills past the head dim)."""
+    return max(16, 1 << (int(head_dim) - 1).bit_length())
+
+
+def smem_bytes(cfg: GluonFwdConfig, head_dim: int, elem: int = 2) -> int:
+    """Q tile + the K and V rings (the output tile reuses their space) + 128 bytes for the mbarriers: within those
+    128 bytes of what Triton 3.6 allocates on sm_90 (the compile results above)."""
+    return elem * block_d(head_dim) * (cfg.BLOCK_M + 2 * cfg.BLOCK_N * cfg.num_stages) + 128
+
+
+def constraint_reasons(cfg: GluonFwdConfig, head_dim: int) -> List[str]:
+    need = smem_bytes(cfg, head_dim)
+    return [f"shared memory ~{need} B > {SMEM_LIMIT} B"] if need > SMEM_LIMIT else []
+
+
+def default_config(head_dim: int) -> GluonFwdConfig:
+    """128/128 with a 2-deep ring fits every head dim taken (164 KB at D 128); tuned rows replace it."""
+    return GluonFwdConfig()

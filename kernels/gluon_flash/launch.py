@@ -1,0 +1,103 @@
+"""Host side of the Gluon forward: argument checks, TMA descriptors, the launch (kernel: :mod:`.jit`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from attntune.kernels.gluon_flash.config import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, GluonFwdConfig, block_d
+from attntune.kernels.triton_common import LOG2E
+from attntune.kernels.triton_flash.launch import mask_args
+
+_GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``ValueError`` naming the argument for what the kernel cannot take: 4-D ``[B, H, S, D]`` tensors of one
+    16-bit dtype on one CUDA device, ``Hq % Hkv == 0``, one head dim (a multiple of 8, at most 128), the last
+    stride 1 and the others multiples of 16 bytes with 16-byte aligned data (what TMA descriptors need)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected [B, H, S, D], got shape {tuple(t.shape)}")
+        if t.dtype not in _GL_DTYPES:
+            raise ValueError(f"{name}: dtype {t.dtype} not supported (float16, bfloat16)")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}, q on {q.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: the head dim must be contiguous (stride 1), got strides {t.stride()}")
+        if any(s * t.element_size() % 16 for s in t.stride()[:-1]) or t.data_ptr() % 16:
+            raise ValueError(f"{name}: strides {t.stride()} and the data pointer must be 16-byte multiples (TMA)")
+    d = q.shape[-1]
+    if k.shape[-1] != d or v.shape[-1] != d:
+        raise ValueError(f"k/v: head dims {k.shape[-1]}/{v.shape[-1]} must equal q's {d}")
+    if d % HEAD_DIM_MULTIPLE or d > MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim {d} must be a multiple of {HEAD_DIM_MULTIPLE} and at most {MAX_HEAD_DIM}")
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != q.shape[0]:
+        raise ValueError(f"k/v: shapes {tuple(k.shape)} / {tuple(v.shape)} do not match q's batch {q.shape[0]}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"k: {k.shape[1]} kv heads do not divide q's {q.shape[1]} heads")
+
+
+def _desc(t: torch.Tensor, rows: int, bd: int):
+    """A 4-D TMA descriptor over ``t`` [B, H, S, D] with block [1, 1, rows, bd] (zero fill past S and D)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, bd], getattr(gl, _GL_DTYPES[t.dtype]))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd], lay)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GluonFwdConfig, *, causal: bool = False,
+            causal_align: str = "bottom_right", window: Optional[Tuple[int, int]] = None,
+            scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q [B, Hq, Sq, D] over k/v [B, Hkv, Skv, D] (:func:`check_inputs`) with the mask of
+    :mod:`attntune.problem`; returns (out [B, Hq, Sq, D] in q's dtype, contiguous; lse [B, Hq, Sq] float32,
+    natural log, -inf for a row that admits no key — its output row is 0)."""
+    check_inputs(q, k, v)
+    from attntune.kernels.gluon_flash.jit import fa_fwd  # imports Gluon: only when launched
+
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    ma = mask_args(sq, skv, causal, causal_align, window)
+    o = torch.empty(b, hq, sq, d, device=q.device, dtype=q.dtype)
+    lse = torch.empty(b, hq, sq, device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        return o, lse.fill_(float("-inf"))
+    bd = block_d(d)
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
+    bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
+    fa_fwd[(-(-sq // bm), b * hq)](
+        _desc(q, bm, bd), _desc(k, bn, bd), _desc(v, bn, bd), _desc(o, bm, bd), lse,
+        sq, skv, hq, hq // hkv, ma.diag_off, ma.win_left, ma.win_right, qk_scale,
+        BM=bm, BN=bn, BD=bd, STAGES=cfg.num_stages, HAS_LEFT=ma.has_left, HAS_RIGHT=ma.has_right,
+        **cfg.launch_opts())
+    return o, lse
+
+
+def compile_for(cfg: GluonFwdConfig, head_dim: int, *, has_left: bool = False, has_right: bool = False,
+                dtype: torch.dtype = torch.bfloat16, arch: int = 90):
+    """Compile the kernel for ``sm_{arch}`` without a GPU (the installed Triton's compiler and ptxas): the compiled
+    kernel (``.asm["ptx"]``, ``.metadata.shared``). For checks and tests on a CPU machine; launches compile
+    through the JIT instead."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from attntune.kernels.gluon_flash.jit import fa_fwd
+
+    bd = block_d(head_dim)
+    t = torch.empty(1, 1, 256, head_dim, dtype=dtype)
+    rows = (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_N, cfg.BLOCK_M)
+    sig = {n: mangle_type(_desc(t, r, bd)) for n, r in zip(("desc_q", "desc_k", "desc_v", "desc_o"), rows)}
+    sig.update({"LSE": "*fp32", **{n: "i32" for n in ("seqlen_q", "seqlen_kv", "heads_q", "group", "diag_off",
+                                                       "win_left", "win_right")}, "qk_scale": "fp32"})
+    ce = {"BM": cfg.BLOCK_M, "BN": cfg.BLOCK_N, "BD": bd, "STAGES": cfg.num_stages, "HAS_LEFT": has_left,
+          "HAS_RIGHT": has_right}
+    sig.update({n: "constexpr" for n in ce})
+    return triton.compile(GluonASTSource(fa_fwd, sig, constexprs=ce), target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": 1})

@@ -1,0 +1,102 @@
+"""``gluon_flash``: a Hopper (sm_90) flash-attention forward in Gluon whose softmax overlaps the tensor cores
+(FlashAttention-3's intra-warpgroup pipelining: :mod:`attntune.kernels.gluon_flash.jit`) — dense, causal (either
+alignment), sliding windows, GQA/MQA, odd lengths, float16/bfloat16, head dims that are multiples of 8 up to 128.
+Inference (``fwd`` keys) only.
+
+**Experimental, off unless ``ATTNTUNE_GLUON=1``.** The kernel compiles for sm_90 (Triton 3.6 and 3.9, tested on the
+CPU) but has not yet run on a GPU: until its GPU tests and timings pass there, it stays out of tuning and dispatch
+by default (a deadlocked mbarrier would hang a user's model, not fail a gate). ``benchmarks/gpu_call21.sh`` runs
+its correctness grid and times it against cuDNN, FA2 and ``triton_flash``."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import List
+
+import torch
+
+from attntune.kernels.base import Config, Space, Variant
+from attntune.kernels.gluon_flash.config import (HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, GluonFwdConfig, constraint_reasons,
+                                                 default_config)
+from attntune.kernels.launch_config import ON_ROCM, cached_parser
+from attntune.problem import AttentionProblem
+
+#: the environment switch that lets the experimental variant run (anything else: off)
+ENV = "ATTNTUNE_GLUON"
+#: the CUDA grid's second dimension holds batch * query heads
+MAX_GRID_Y = 65535
+
+
+@functools.cache
+def _has_gluon_hopper() -> bool:
+    try:
+        return importlib.util.find_spec("triton.experimental.gluon.language.nvidia.hopper") is not None
+    except (ImportError, ValueError):  # triton (or its experimental package) missing
+        return False
+
+
+@functools.cache
+def _cuda_capability():
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
+def gluon_reasons(problem: AttentionProblem) -> List[str]:
+    """Why the Gluon forward cannot take ``problem`` here (empty = it can)."""
+    out = []
+    if os.environ.get(ENV, "0").strip() != "1":
+        out.append(f"experimental (not yet run on a GPU): set {ENV}=1 to enable")
+    if problem.device_type != "cuda" or ON_ROCM:
+        out.append("needs an NVIDIA Hopper GPU (sm_90: wgmma, TMA)")
+    elif _cuda_capability() != (9, 0):
+        out.append(f"needs sm_90 (wgmma), this GPU is sm_{''.join(map(str, _cuda_capability() or ()))}")
+    if not _has_gluon_hopper():
+        out.append("triton.experimental.gluon (Hopper) is not installed")
+    if problem.dtype not in ("float16", "bfloat16"):
+        out.append(f"{problem.dtype} not supported (float16, bfloat16)")
+    if problem.mode != "fwd":
+        out.append("inference (fwd) only: no backward yet")
+    if problem.kv_lens:
+        out.append("kv_lens (per-sequence KV lengths) not supported; the decode variant takes them")
+    if problem.kv_dtype is not None:
+        out.append("FP8 K/V not supported yet")
+    if problem.head_dim_v != problem.head_dim:
+        out.append("head_dim_v != head_dim")
+    if problem.head_dim % HEAD_DIM_MULTIPLE or problem.head_dim > MAX_HEAD_DIM:
+        out.append(f"head_dim {problem.head_dim}: a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM} only")
+    if problem.batch * problem.heads_q > MAX_GRID_Y:
+        out.append(f"batch * heads_q = {problem.batch * problem.heads_q} > {MAX_GRID_Y} (the grid's second axis)")
+    return out
+
+
+class GluonFlashVariant(Variant):
+    name = "gluon_flash"
+    description = "Gluon Hopper flash forward, softmax overlapped with the wgmma (experimental: ATTNTUNE_GLUON=1)"
+    family = "triton"  # ATTNTUNE_TRITON=0 switches it off with the Triton kernels
+    source_modules = ("attntune.kernels.gluon_flash.config", "attntune.kernels.gluon_flash.launch",
+                      "attntune.kernels.gluon_flash.jit", "attntune.kernels.gluon_flash_variant")
+    space_depends_on_lengths = False  # the space reads the head dim only
+    # the compiled op (attntune::attention) runs eager code inside; nothing here needs tracing
+    runs_in_compiled_op = True
+
+    def __init__(self) -> None:
+        self._parse = cached_parser(GluonFwdConfig)
+
+    def supports(self, problem: AttentionProblem) -> List[str]:
+        return gluon_reasons(problem)
+
+    def space(self, problem: AttentionProblem) -> Space:
+        d = problem.head_dim
+        return GluonFwdConfig.space(default_config(d), lambda cfg: constraint_reasons(cfg, d))
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem, config: Config,
+            kv_lens=None) -> torch.Tensor:
+        from attntune.kernels.gluon_flash.launch import forward  # imports Triton: only when run
+
+        o, _ = forward(q, k, v, self._parse(config), causal=problem.causal, causal_align=problem.causal_align,
+                       window=problem.window, scale=problem.scale)
+        return o
+
+
+VARIANTS = [GluonFlashVariant()]

@@ -1,0 +1,223 @@
+"""The experimental Gluon Hopper forward (``gluon_flash``): off unless ATTNTUNE_GLUON=1; what it refuses and why;
+its typed config and shared-memory model; argument errors naming the argument; the kernel compiles for sm_90 with
+the softmax overlapping the PV wgmma (CPU: the installed Triton's compiler, no GPU); on an H100/H200 (gpu tests)
+its output and LSE against a float32 reference over odd shapes, GQA, both causal alignments and windows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attntune.kernels import registry
+from attntune.kernels.gluon_flash.config import SMEM_LIMIT, GluonFwdConfig, smem_bytes
+from attntune.kernels.gluon_flash_variant import ENV, gluon_reasons
+from attntune.problem import AttentionProblem
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _problem(**kw) -> AttentionProblem:
+    base = dict(batch=2, heads_q=8, heads_kv=2, seqlen_q=333, seqlen_kv=1000, head_dim=80, head_dim_v=80,
+                dtype="bfloat16", device_type="cuda")
+    base.update(kw)
+    return AttentionProblem(**base)
+
+
+def test_off_unless_enabled(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert any(ENV in r for r in gluon_reasons(_problem()))
+    for value in ("0", "yes", ""):
+        monkeypatch.setenv(ENV, value)
+        assert any(ENV in r for r in gluon_reasons(_problem()))
+    monkeypatch.setenv(ENV, "1")
+    assert not any(ENV in r for r in gluon_reasons(_problem()))
+
+
+def test_never_a_candidate_by_default(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    v = registry.get("gluon_flash")
+    assert registry.reasons(v, _problem())
+    assert v not in registry.candidates(_problem())
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(dtype="float32"), "float32 not supported"),
+    (dict(mode="fwd_bwd"), "inference (fwd) only"),
+    (dict(seqlen_q=1, kv_lens=True), "kv_lens"),
+    (dict(kv_dtype="float8_e4m3fn"), "FP8 K/V"),
+    (dict(head_dim=100, head_dim_v=100), "head_dim 100"),
+    (dict(head_dim=192, head_dim_v=192), "head_dim 192"),
+    (dict(head_dim_v=64), "head_dim_v != head_dim"),
+    (dict(batch=9000, heads_q=8), "batch * heads_q = 72000"),
+    (dict(device_type="cpu"), "needs an NVIDIA Hopper GPU"),
+])
+def test_refusals_say_why(monkeypatch, change, reason):
+    monkeypatch.setenv(ENV, "1")
+    got = gluon_reasons(_problem(**change))
+    assert any(reason in r for r in got), got
+
+
+def test_takes_what_it_declares(monkeypatch):
+    """With the switch on, a 16-bit forward problem with a head dim of 8..128 (multiple of 8), any mask, GQA, is
+    refused for no reason of its own — only for the machine (no Hopper GPU here, or no Gluon)."""
+    monkeypatch.setenv(ENV, "1")
+    own = ("float", "inference", "kv_lens", "FP8", "head_dim", "batch")
+    for kw in (dict(), dict(causal=True), dict(window=(127, 0)), dict(causal=True, causal_align="top_left"),
+               dict(head_dim=8, head_dim_v=8), dict(head_dim=128, head_dim_v=128), dict(dtype="float16")):
+        got = gluon_reasons(_problem(**kw))
+        assert not [r for r in got if r.startswith(own)], (kw, got)
+
+
+def test_config_round_trips_and_refuses_out_of_domain_values():
+    space = registry.get("gluon_flash").space(_problem())
+    grid = list(space.grid())
+    assert len(grid) == 4 and space.default in grid
+    for d in grid:
+        cfg = GluonFwdConfig.from_dict(d)
+        assert cfg.to_dict() == d and GluonFwdConfig.from_dict(cfg.to_dict()) == cfg
+    for bad, key in (({"BLOCK_M": 64}, "BLOCK_M"), ({"num_warps": 4}, "num_warps"), ({"BLOCK_N": 48}, "BLOCK_N"),
+                     ({"num_stages": 0}, "num_stages"), ({"BLOCK_K": 64}, "unknown keys"),
+                     ({"BLOCK_N": "128"}, "BLOCK_N")):
+        with pytest.raises(ValueError, match=key):
+            GluonFwdConfig.from_dict(bad)
+
+
+def test_shared_memory_model_matches_the_compiler():
+    """The model is what Triton 3.6 allocated for sm_90 (committed compile results: 3 head dims x 3 masks x 4
+    configs) plus at most 128 bytes, and every config of the space fits Hopper's 227 KB."""
+    res = json.loads((ROOT / "benchmarks/results/probe_gluon_fwd_compile_sm90_triton36.json").read_text())["result"]
+    assert len(res) == 36
+    for name, r in res.items():
+        d, _mask, bm, bn, stages, warps = name.split("/")
+        cfg = GluonFwdConfig(BLOCK_M=int(bm), BLOCK_N=int(bn), num_stages=int(stages), num_warps=int(warps))
+        assert 0 <= smem_bytes(cfg, int(d[1:])) - r["shared_bytes"] <= 128, name
+        assert r["spill_bytes"] == [0, 0], name
+    for d in (8, 64, 72, 128):
+        assert all(smem_bytes(GluonFwdConfig.from_dict(c), d) <= SMEM_LIMIT
+                   for c in registry.get("gluon_flash").space(_problem(head_dim=d, head_dim_v=d)).grid())
+
+
+def _qkv(b=1, hq=4, hkv=2, sq=40, skv=50, d=64, dtype=torch.bfloat16, device="cpu"):
+    return (torch.zeros(b, hq, sq, d, dtype=dtype, device=device),
+            torch.zeros(b, hkv, skv, d, dtype=dtype, device=device),
+            torch.zeros(b, hkv, skv, d, dtype=dtype, device=device))
+
+
+def test_argument_errors_name_the_argument():
+    from attntune.kernels.gluon_flash.launch import check_inputs
+
+    q, k, v = _qkv()
+    check_inputs(q, k, v)
+    with pytest.raises(ValueError, match="q: dtype torch.float32"):
+        check_inputs(q.float(), k, v)
+    with pytest.raises(ValueError, match="k: dtype torch.float16 differs"):
+        check_inputs(q, k.half(), v)
+    with pytest.raises(ValueError, match="v: expected"):
+        check_inputs(q, k, v[0])
+    with pytest.raises(ValueError, match="q: the head dim must be contiguous"):
+        check_inputs(q.transpose(-1, -2), k, v)
+    narrow = torch.zeros(1, 4, 40, 12, dtype=torch.bfloat16)[..., :8]  # rows 24 bytes apart
+    with pytest.raises(ValueError, match="q: strides"):
+        check_inputs(narrow, *_qkv(d=8)[1:])
+    with pytest.raises(ValueError, match="head dim 136"):
+        check_inputs(*_qkv(d=136))
+    with pytest.raises(ValueError, match="k/v: head dims"):
+        check_inputs(q, *_qkv(d=32)[1:])
+    with pytest.raises(ValueError, match="k: 3 kv heads"):
+        check_inputs(q, *_qkv(hkv=3)[1:])
+
+
+def _has_gluon_hopper() -> bool:
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_gluon_hopper(), reason="needs triton.experimental.gluon (Hopper) to compile")
+def test_compiles_for_sm90_with_the_softmax_overlapping_the_pv_wgmma():
+    """The installed Triton compiles the causal D80 kernel for sm_90 (no GPU needed), and inside the key loop the
+    kernel waits for the scores with one wgmma group still outstanding (the PV of the previous block)."""
+    # a child process: the tests run Triton's interpreter (TRITON_INTERPRET=1), under which Gluon's library
+    # functions are interpreter objects that the compiler refuses
+    code = ("import json; from attntune.kernels.gluon_flash.launch import compile_for; "
+            "from attntune.kernels.gluon_flash.config import GluonFwdConfig; "
+            "k = compile_for(GluonFwdConfig(BLOCK_N=64), 80, has_right=True); "
+            "print(json.dumps([ln.strip() for ln in k.asm['ptx'].splitlines() "
+            "if ln.strip().startswith(('wgmma.wait_group', 'ex2.approx'))]))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ops = json.loads(r.stdout.strip().splitlines()[-1])
+    # a wait with one group outstanding exists only where the scores are taken while PV still runs (the source's
+    # softmax sits between it and the wait for 0; Triton 3.9 lays the loop's blocks out rotated, so their text
+    # order is not checked)
+    assert "wgmma.wait_group.sync.aligned 1;" in ops and "wgmma.wait_group.sync.aligned 0;" in ops
+    assert sum(o.startswith("ex2.approx") for o in ops) >= 64  # the softmax's exponentials (BM x BN / threads)
+
+
+def _reference(q, k, v, causal, align, window):
+    """float32 attention with the library's reference (rows admitting no key: 0 and LSE -inf): (out, lse)."""
+    from attntune.kernels.reference import masked_softmax_attention
+    from attntune.problem import problem_from_tensors
+
+    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=align, window=window)
+    return masked_softmax_attention(q, k, v, problem, compute_dtype=torch.float32, return_lse=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [dict(BLOCK_N=64, num_stages=2), dict(BLOCK_N=128, num_stages=3)])
+@pytest.mark.parametrize("shape,causal,align,window", [
+    ((2, 8, 2, 333, 1000, 80), True, "bottom_right", None),
+    ((1, 4, 4, 1000, 333, 128), True, "bottom_right", None),  # rows with no key: output 0, LSE -inf
+    ((2, 6, 3, 515, 515, 64), False, "bottom_right", (127, 0)),
+    ((3, 4, 2, 77, 77, 96), False, "bottom_right", None),
+    ((1, 4, 2, 300, 700, 16), False, "bottom_right", (100, 50)),
+    ((1, 4, 2, 200, 500, 64), True, "top_left", None),
+    ((1, 2, 1, 1, 4099, 128), False, "bottom_right", None),
+])
+def test_gpu_matches_a_float32_reference(cfg, shape, causal, align, window):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU (H100/H200)")
+    from attntune.kernels.gluon_flash.launch import forward
+
+    b, hq, hkv, sq, skv, d = shape
+    torch.manual_seed(0)
+    q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    o, lse = forward(q, k, v, GluonFwdConfig(**cfg), causal=causal, causal_align=align, window=window)
+    ref_o, ref_lse = _reference(q, k, v, causal, align, window)
+    assert not torch.isnan(o).any()
+    assert ((o.float() - ref_o).norm() / ref_o.norm().clamp_min(1e-30)).item() < 1e-2
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-2
+    assert (o.float()[~fin.unsqueeze(-1).expand_as(o)] == 0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_serves_attention_when_enabled(monkeypatch):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU (H100/H200)")
+    import attntune
+
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv("ATTNTUNE_VARIANTS", "gluon_flash")
+    attntune.reset()
+    try:
+        torch.manual_seed(0)
+        q = torch.randn(2, 8, 257, 64, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(2, 2, 257, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+        out = attntune.attention(q, k, v, causal=True)
+        ref, _ = _reference(q, k, v, True, "bottom_right", None)
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+        assert attntune.explain(q, k, v, causal=True).variant == "gluon_flash"
+    finally:
+        attntune.reset()
