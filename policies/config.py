@@ -25,7 +25,8 @@
 An invalid value of any switch is reported once (a ``RuntimeWarning``) saying what is used instead.
 
 ``ATTNTUNE_CACHE`` / ``ATTNTUNE_SYSTEM_CACHE`` are read by :mod:`attntune.cache.layered` when the index
-is loaded, and ``ATTNTUNE_TRITON`` / ``ATTNTUNE_VARIANTS`` by :func:`attntune.kernels.registry.env_reasons`
+is loaded, ``ATTNTUNE_TRITON`` / ``ATTNTUNE_VARIANTS`` by :func:`attntune.kernels.registry.env_reasons` and
+``ATTNTUNE_GLUON`` (``1``: the experimental ``gluon_flash`` variant may run) by its ``supports()``
 when a plan is resolved — both happen once per process (or per ``reset()``), never per call.
 """
 
@@ -134,6 +135,9 @@ class RuntimeConfig:
         triton = os.environ.get("ATTNTUNE_TRITON", "").strip()
         if triton not in ("", "0", "1"):
             warns.append(f"ATTNTUNE_TRITON={triton!r} is not 0 or 1; using 1 (Triton variants may run)")
+        gluon = os.environ.get("ATTNTUNE_GLUON", "").strip()
+        if gluon not in ("", "0", "1"):
+            warns.append(f"ATTNTUNE_GLUON={gluon!r} is not 0 or 1; using 0 (the experimental Gluon variant stays off)")
         _variants(warns)
         return cls(
             disabled=_flag("ATTNTUNE_DISABLE", warns),

@@ -236,6 +236,7 @@ def test_empty_head_dim_in_attention_names_it():
     ("ATTNTUNE_CACHE_TIMEOUT", "soon", "using 0.2"),
     ("ATTNTUNE_POLICY", "fastest", "using 'tuned'"),
     ("ATTNTUNE_TRITON", "yes please", "using 1"),
+    ("ATTNTUNE_GLUON", "on", "using 0"),
 ])
 def test_invalid_environment_switch_warns_once_and_says_what_is_used(monkeypatch, name, value, says):
     monkeypatch.setenv(name, value)
