@@ -103,7 +103,8 @@ def fa_fwd(desc_q, desc_k, desc_v, desc_o, LSE, seqlen_q, seqlen_kv, heads_q, gr
     rows = start_m + gl.arange(0, BM, layout=row_s)
     cols0 = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
 
-    # the key range [lo, hi) this row block admits; [b, c): blocks every row admits whole (no mask)
+    # the key range [lo, hi) this row block admits; keys in [full_lo, full_hi) every row admits (blocks inside it
+    # skip the mask)
     if HAS_LEFT:
         lo = gl.maximum(start_m + diag_off - win_left, 0) // BN * BN
         full_lo = gl.cdiv(gl.maximum(start_m + BM - 1 + diag_off - win_left, 0), BN) * BN
