@@ -20,13 +20,12 @@ import torch
 from attntune.kernels.base import Config, Space, Variant
 from attntune.kernels.gluon_flash.config import (HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, GluonFwdConfig, constraint_reasons,
                                                  default_config)
+from attntune.kernels.gluon_flash.launch import MAX_GRID_Y
 from attntune.kernels.launch_config import ON_ROCM, cached_parser
 from attntune.problem import AttentionProblem
 
 #: the environment switch that lets the experimental variant run (anything else: off)
 ENV = "ATTNTUNE_GLUON"
-#: the CUDA grid's second dimension holds batch * query heads
-MAX_GRID_Y = 65535
 
 
 @functools.cache

@@ -133,6 +133,22 @@ def test_argument_errors_name_the_argument():
         check_inputs(q, *_qkv(hkv=3)[1:])
 
 
+def test_empty_calls_return_zeros_without_a_launch():
+    """No key (Skv = 0): zeros and LSE -inf; no query row: empty outputs — both before any descriptor or launch
+    (so on the CPU too). batch * heads past the grid's axis is refused naming q."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from attntune.kernels.gluon_flash.launch import forward
+
+    q, k, v = _qkv(skv=0)
+    q.fill_(1.0)
+    o, lse = forward(q, k, v, GluonFwdConfig())
+    assert o.shape == q.shape and (o == 0).all() and torch.isneginf(lse).all()
+    o, lse = forward(*_qkv(sq=0), GluonFwdConfig(), causal=True)
+    assert o.shape == (1, 4, 0, 64) and lse.shape == (1, 4, 0)
+    with pytest.raises(ValueError, match="q: batch \\* heads = 65536"):
+        forward(*_qkv(b=16384, sq=1, skv=1, d=8), GluonFwdConfig())
+
+
 def _has_gluon_hopper() -> bool:
     try:
         import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401

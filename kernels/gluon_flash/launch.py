@@ -12,6 +12,8 @@ from attntune.kernels.triton_common import LOG2E
 from attntune.kernels.triton_flash.launch import mask_args
 
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+#: the CUDA grid's second axis holds batch * query heads
+MAX_GRID_Y = 65535
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -63,10 +65,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GluonFwdConf
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     ma = mask_args(sq, skv, causal, causal_align, window)
+    if b * hq > MAX_GRID_Y:
+        raise ValueError(f"q: batch * heads = {b * hq} > {MAX_GRID_Y} (the launch grid's second axis)")
     o = torch.empty(b, hq, sq, d, device=q.device, dtype=q.dtype)
     lse = torch.empty(b, hq, sq, device=q.device, dtype=torch.float32)
-    if o.numel() == 0:
-        return o, lse.fill_(float("-inf"))
+    if o.numel() == 0 or skv == 0:  # nothing to compute, or no key at all: zeros and LSE -inf (no descriptor
+        return o.zero_(), lse.fill_(float("-inf"))  # over an empty axis)
     bd = block_d(d)
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
     bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
