@@ -33,6 +33,9 @@ import triton.language as tl
 from attntune.kernels.gluon_flash.config import GluonFwdConfig
 from attntune.kernels.gluon_flash.launch import compile_for, forward
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ptx_of import resources  # noqa: E402
+
 GRID = dict(BM=(128,), BN=(64, 128), STAGES=(2, 3), num_warps=(8,))
 
 
@@ -46,27 +49,6 @@ def launch(q, k, v, cfg, causal=False, window=None, causal_align="bottom_right")
 def configs():
     keys = list(GRID)
     return [dict(zip(keys, vals)) for vals in itertools.product(*(GRID[k] for k in keys))]
-
-
-def _ptxas_regs(ptx: str, arch: int):
-    """Registers and spill bytes of the kernel in ``ptx`` (``ptxas -v`` of the ptxas Triton ships), or None."""
-    import re
-    import subprocess
-    import tempfile
-
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        r = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}a", src, "-o", os.path.join(tmp, "k.cubin")],
-                           capture_output=True, text=True)
-    regs = re.search(r"Used (\d+) registers", r.stderr)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    return {"registers": int(regs.group(1)) if regs else None,
-            "spill_bytes": [int(spill.group(1)), int(spill.group(2))] if spill else None}
 
 
 MASKS = {"dense": (False, False), "causal": (False, True), "window": (True, True)}
@@ -89,7 +71,9 @@ def compile_only(ds=(128, 64, 80), masks=tuple(MASKS), arch=90):
         ptx = kern.asm["ptx"]
         res[name] = {"shared_bytes": kern.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
                      "wait_groups": sorted({ln.split()[-1].rstrip(";") for ln in ptx.splitlines()
-                                            if "wgmma.wait_group" in ln}), **(_ptxas_regs(ptx, arch) or {})}
+                                            if "wgmma.wait_group" in ln})}
+        res_ = resources(ptx)  # ptxas -v (benchmarks/ptx_of.py)
+        res[name].update(registers=res_["registers"], spill_bytes=[res_["spill_stores"], res_["spill_loads"]])
     return res
 
 

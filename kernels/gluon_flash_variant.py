@@ -20,8 +20,9 @@ import torch
 from attntune.kernels.base import Config, Space, Variant
 from attntune.kernels.gluon_flash.config import (HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, GluonFwdConfig, constraint_reasons,
                                                  default_config)
-from attntune.kernels.gluon_flash.launch import MAX_GRID_Y
-from attntune.kernels.launch_config import ON_ROCM, cached_parser
+from attntune.kernels.gluon_flash.launch import MAX_GRID_Y, forward
+from attntune.kernels.launch_config import cached_parser
+from attntune.kernels.triton_flash.space import device_arch
 from attntune.problem import AttentionProblem
 
 #: the environment switch that lets the experimental variant run (anything else: off)
@@ -36,20 +37,17 @@ def _has_gluon_hopper() -> bool:
         return False
 
 
-@functools.cache
-def _cuda_capability():
-    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-
-
 def gluon_reasons(problem: AttentionProblem) -> List[str]:
     """Why the Gluon forward cannot take ``problem`` here (empty = it can)."""
     out = []
     if os.environ.get(ENV, "0").strip() != "1":
         out.append(f"experimental (not yet run on a GPU): set {ENV}=1 to enable")
-    if problem.device_type != "cuda" or ON_ROCM:
+    if problem.device_type != "cuda":
         out.append("needs an NVIDIA Hopper GPU (sm_90: wgmma, TMA)")
-    elif _cuda_capability() != (9, 0):
-        out.append(f"needs sm_90 (wgmma), this GPU is sm_{''.join(map(str, _cuda_capability() or ()))}")
+    elif not torch.cuda.is_available():  # device_arch's CPU stand-in is for Triton's interpreter; Gluon has none
+        out.append("needs an NVIDIA Hopper GPU (sm_90: wgmma, TMA); CUDA is not available")
+    elif device_arch("cuda") != "sm_90":
+        out.append(f"needs an NVIDIA Hopper GPU (sm_90: wgmma, TMA), this GPU is {device_arch('cuda')}")
     if not _has_gluon_hopper():
         out.append("triton.experimental.gluon (Hopper) is not installed")
     if problem.dtype not in ("float16", "bfloat16"):
@@ -91,8 +89,6 @@ class GluonFlashVariant(Variant):
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem, config: Config,
             kv_lens=None) -> torch.Tensor:
-        from attntune.kernels.gluon_flash.launch import forward  # imports Triton: only when run
-
         o, _ = forward(q, k, v, self._parse(config), causal=problem.causal, causal_align=problem.causal_align,
                        window=problem.window, scale=problem.scale)
         return o

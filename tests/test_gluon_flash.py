@@ -16,7 +16,7 @@ import torch
 
 from attntune.kernels import registry
 from attntune.kernels.gluon_flash.config import SMEM_LIMIT, GluonFwdConfig, smem_bytes
-from attntune.kernels.gluon_flash_variant import ENV, gluon_reasons
+from attntune.kernels.gluon_flash_variant import ENV, _has_gluon_hopper, gluon_reasons
 from attntune.problem import AttentionProblem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,14 +147,6 @@ def test_empty_calls_return_zeros_without_a_launch():
     assert o.shape == (1, 4, 0, 64) and lse.shape == (1, 4, 0)
     with pytest.raises(ValueError, match="q: batch \\* heads = 65536"):
         forward(*_qkv(b=16384, sq=1, skv=1, d=8), GluonFwdConfig())
-
-
-def _has_gluon_hopper() -> bool:
-    try:
-        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @pytest.mark.skipif(not _has_gluon_hopper(), reason="needs triton.experimental.gluon (Hopper) to compile")

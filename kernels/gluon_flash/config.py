@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Dict, List
 
 from attntune.kernels.launch_config import LaunchConfig, at_least, knob, pow2_at_least
+from attntune.kernels.triton_common import block_d
 
 #: head dims compiled for sm_90 without spills (``benchmarks/results/probe_gluon_fwd_compile_sm90_triton36.json``:
 #: D 64, 80 and 128 at every config, <= 246 registers); wider heads need smaller tiles, not yet measured
@@ -37,11 +38,6 @@ class GluonFwdConfig(LaunchConfig):
 
     def launch_opts(self) -> Dict[str, int]:
         return {"num_warps": self.num_warps}
-
-
-def block_d(head_dim: int) -> int:
-    """The head dim's tile side: the next power of two, at least 16 (TMA zero-fills past the head dim)."""
-    return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
 def smem_bytes(cfg: GluonFwdConfig, head_dim: int, elem: int = 2) -> int:

@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from attntune.kernels.gluon_flash.config import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, GluonFwdConfig, block_d
-from attntune.kernels.triton_common import LOG2E
+from attntune.kernels.gluon_flash.config import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, GluonFwdConfig
+from attntune.kernels.triton_common import LOG2E, block_d
 from attntune.kernels.triton_flash.launch import mask_args
 
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
