@@ -36,14 +36,17 @@ from attntune.kernels.gluon_flash.launch import compile_for, forward
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ptx_of import resources  # noqa: E402
 
-GRID = dict(BM=(128,), BN=(64, 128), STAGES=(2, 3), num_warps=(8,))
+GRID = dict(BM=(128,), BN=(64, 128), STAGES=(2, 3), num_warps=(8,), WS=(0, 1))
 
 
 def launch(q, k, v, cfg, causal=False, window=None, causal_align="bottom_right"):
     """The library's Gluon forward (``kernels/gluon_flash``) with a probe config dict; returns (o, lse)."""
-    return forward(q, k, v, GluonFwdConfig(BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], num_stages=cfg["STAGES"],
-                                           num_warps=cfg["num_warps"]), causal=causal, causal_align=causal_align,
-                   window=window)
+    return forward(q, k, v, typed(cfg), causal=causal, causal_align=causal_align, window=window)
+
+
+def typed(cfg):
+    return GluonFwdConfig(BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], num_stages=cfg["STAGES"], num_warps=cfg["num_warps"],
+                          WS=cfg["WS"])
 
 
 def configs():
@@ -62,9 +65,7 @@ def compile_only(ds=(128, 64, 80), masks=tuple(MASKS), arch=90):
         has_left, has_right = MASKS[mask]
         name = f"D{d}/{mask}/" + "/".join(str(cfg[k]) for k in GRID)
         try:
-            kern = compile_for(GluonFwdConfig(BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], num_stages=cfg["STAGES"],
-                                              num_warps=cfg["num_warps"]), d, has_left=has_left,
-                               has_right=has_right, arch=arch)
+            kern = compile_for(typed(cfg), d, has_left=has_left, has_right=has_right, arch=arch)
         except Exception as e:  # noqa: BLE001 — report each config's failure
             res[name] = {"error": f"{type(e).__name__}: {str(e)[-900:]}"}
             continue
@@ -181,7 +182,7 @@ def gpu_run(time_limit: float):
         q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         ref_o, ref_lse = reference(q, k, v, causal, align, window)
-        for cfg in (configs()[0], configs()[2]):
+        for cfg in (configs()[0], configs()[1], configs()[-1]):  # 64/2 one partition and WS; 128/3 WS
             rec = {"shape": [b, hq, hkv, sq, skv, d], "causal": causal, "align": align, "window": window,
                    "config": cfg}
             try:

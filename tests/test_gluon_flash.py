@@ -77,13 +77,13 @@ def test_takes_what_it_declares(monkeypatch):
 def test_config_round_trips_and_refuses_out_of_domain_values():
     space = registry.get("gluon_flash").space(_problem())
     grid = list(space.grid())
-    assert len(grid) == 4 and space.default in grid
+    assert len(grid) == 8 and space.default in grid
     for d in grid:
         cfg = GluonFwdConfig.from_dict(d)
         assert cfg.to_dict() == d and GluonFwdConfig.from_dict(cfg.to_dict()) == cfg
     for bad, key in (({"BLOCK_M": 64}, "BLOCK_M"), ({"num_warps": 4}, "num_warps"), ({"BLOCK_N": 48}, "BLOCK_N"),
                      ({"num_stages": 0}, "num_stages"), ({"BLOCK_K": 64}, "unknown keys"),
-                     ({"BLOCK_N": "128"}, "BLOCK_N")):
+                     ({"BLOCK_N": "128"}, "BLOCK_N"), ({"WS": 2}, "WS")):
         with pytest.raises(ValueError, match=key):
             GluonFwdConfig.from_dict(bad)
 
@@ -181,7 +181,8 @@ def _reference(q, k, v, causal, align, window):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [dict(BLOCK_N=64, num_stages=2), dict(BLOCK_N=128, num_stages=3)])
+@pytest.mark.parametrize("cfg", [dict(BLOCK_N=64, num_stages=2), dict(BLOCK_N=128, num_stages=3),
+                                 dict(BLOCK_N=64, num_stages=2, WS=1), dict(BLOCK_N=128, num_stages=3, WS=1)])
 @pytest.mark.parametrize("shape,causal,align,window", [
     ((2, 8, 2, 333, 1000, 80), True, "bottom_right", None),
     ((1, 4, 4, 1000, 333, 128), True, "bottom_right", None),  # rows with no key: output 0, LSE -inf
@@ -217,7 +218,8 @@ def test_gpu_serves_attention_when_enabled(monkeypatch):
     import attntune
 
     monkeypatch.setenv(ENV, "1")
-    monkeypatch.setenv("ATTNTUNE_VARIANTS", "gluon_flash")
+    # an untuned key takes the heuristic rules, which do not list gluon_flash: the fixed policy serves it
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:gluon_flash")
     attntune.reset()
     try:
         torch.manual_seed(0)

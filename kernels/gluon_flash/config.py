@@ -16,10 +16,17 @@ MAX_HEAD_DIM = 128
 HEAD_DIM_MULTIPLE = 8
 #: Hopper's opt-in shared memory per block
 SMEM_LIMIT = 227 * 1024
+#: the warp-specialized kernel's ``maxnreg``: its 4 + 4 + 1 warps round to 12 (registers go by warpgroup), 168 x 384
+#: threads fill the 64K register file; the loader keeps 24 a thread and the consumers get 240 (``jit_ws``)
+WS_MAXNREG = 168
 
 
 def _warps(v: int):  # noqa: N802 — a knob's validity check
     return None if v == 8 else "must be 8 (two warpgroups of 64 rows: the kernel's wgmma layout)"
+
+
+def _flag(v: int):
+    return None if v in (0, 1) else "must be 0 or 1"
 
 
 def _rows(v: int):
@@ -35,8 +42,12 @@ class GluonFwdConfig(LaunchConfig):
     BLOCK_N: int = knob(128, (64, 128), "keys per K/V block", valid=pow2_at_least(16))
     num_stages: int = knob(2, (2, 3), "K/V blocks in flight (the TMA ring's depth)", valid=at_least(1))
     num_warps: int = knob(8, (8,), "warps per program", valid=_warps)
+    WS: int = knob(0, (0, 1), "1: warp-specialized, a 1-warp TMA loader and two 4-warp consumers taking turns on "
+                   "the tensor cores (FlashAttention-3's ping-pong); 0: one 8-warp partition", valid=_flag)
 
     def launch_opts(self) -> Dict[str, int]:
+        if self.WS:  # num_warps is the default partition's: the first consumer (kernels/gluon_flash/jit_ws.py)
+            return {"num_warps": self.num_warps // 2, "maxnreg": WS_MAXNREG}
         return {"num_warps": self.num_warps}
 
 
@@ -48,7 +59,10 @@ def smem_bytes(cfg: GluonFwdConfig, head_dim: int, elem: int = 2) -> int:
 
 def constraint_reasons(cfg: GluonFwdConfig, head_dim: int) -> List[str]:
     need = smem_bytes(cfg, head_dim)
-    return [f"shared memory ~{need} B > {SMEM_LIMIT} B"] if need > SMEM_LIMIT else []
+    out = [f"shared memory ~{need} B > {SMEM_LIMIT} B"] if need > SMEM_LIMIT else []
+    if cfg.WS and cfg.num_stages < 2:  # a consumer frees block j-1 only after it has issued S_j (jit_ws)
+        out.append("WS=1 needs num_stages >= 2")
+    return out
 
 
 def default_config(head_dim: int) -> GluonFwdConfig:

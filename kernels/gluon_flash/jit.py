@@ -45,7 +45,7 @@ _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_
 
 
 @gluon.jit
-def _load_kv(desc, b, h, start, bars, smem, slot, pred):
+def load_kv(desc, b, h, start, bars, smem, slot, pred):
     """One K or V block (keys ``start`` onwards of kv head ``h`` of batch ``b``) into ring slot ``slot`` (TMA:
     zero fill past the sequence and past D), its arrival counted on ``bars[slot]``."""
     mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=pred)
@@ -53,7 +53,7 @@ def _load_kv(desc, b, h, start, bars, smem, slot, pred):
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, start, masked, rows, cols0, seqlen_kv, diag_off, win_left, win_right, qk_scale,
+def softmax_step(s, m_i, l_i, start, masked, rows, cols0, seqlen_kv, diag_off, win_left, win_right, qk_scale,
              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
     """One key block's online-softmax step on the scores ``s`` [BM, BN] (fp32, unscaled): the mask when
     ``masked`` (a runtime flag: blocks inside the window and the sequence skip it), then P, alpha, l and m (base 2,
@@ -72,6 +72,27 @@ def _softmax(s, m_i, l_i, start, masked, rows, cols0, seqlen_kv, diag_off, win_l
     p = gl.exp2(s * qk_scale - m_sub[:, None])
     alpha = gl.exp2(m_i - m_sub)
     return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
+
+
+@gluon.jit
+def key_range(start_m, seqlen_kv, diag_off, win_left, win_right, BM: gl.constexpr, BN: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """The key blocks rows ``[start_m, start_m + BM)`` visit: ``(lo, n, full_lo, full_hi)`` — ``n`` blocks of ``BN``
+    keys from ``lo`` (a multiple of BN), and ``[full_lo, full_hi)`` the keys every one of those rows admits (a block
+    inside it skips the mask arithmetic)."""
+    if HAS_LEFT:
+        lo = gl.maximum(start_m + diag_off - win_left, 0) // BN * BN
+        full_lo = gl.cdiv(gl.maximum(start_m + BM - 1 + diag_off - win_left, 0), BN) * BN
+    else:
+        lo = 0
+        full_lo = 0
+    if HAS_RIGHT:
+        hi = gl.maximum(gl.minimum(start_m + BM + diag_off + win_right, seqlen_kv), 0)
+        full_hi = gl.maximum(gl.minimum(start_m + diag_off + win_right + 1, seqlen_kv), 0) // BN * BN
+    else:
+        hi = seqlen_kv
+        full_hi = seqlen_kv // BN * BN
+    return lo, gl.maximum(gl.cdiv(hi - lo, BN), 0), full_lo, full_hi
 
 
 @gluon.jit
@@ -103,21 +124,8 @@ def fa_fwd(desc_q, desc_k, desc_v, desc_o, LSE, seqlen_q, seqlen_kv, heads_q, gr
     rows = start_m + gl.arange(0, BM, layout=row_s)
     cols0 = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
 
-    # the key range [lo, hi) this row block admits; keys in [full_lo, full_hi) every row admits (blocks inside it
-    # skip the mask)
-    if HAS_LEFT:
-        lo = gl.maximum(start_m + diag_off - win_left, 0) // BN * BN
-        full_lo = gl.cdiv(gl.maximum(start_m + BM - 1 + diag_off - win_left, 0), BN) * BN
-    else:
-        lo = 0
-        full_lo = 0
-    if HAS_RIGHT:
-        hi = gl.maximum(gl.minimum(start_m + BM + diag_off + win_right, seqlen_kv), 0)
-        full_hi = gl.maximum(gl.minimum(start_m + diag_off + win_right + 1, seqlen_kv), 0) // BN * BN
-    else:
-        hi = seqlen_kv
-        full_hi = seqlen_kv // BN * BN
-    n = gl.maximum(gl.cdiv(hi - lo, BN), 0)
+    lo, n, full_lo, full_hi = key_range(start_m, seqlen_kv, diag_off, win_left, win_right, BM, BN, HAS_LEFT,
+                                        HAS_RIGHT)
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [1, 1, BM, BD], desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES, 1, 1, BN, BD], desc_k.layout)
@@ -138,8 +146,8 @@ def fa_fwd(desc_q, desc_k, desc_v, desc_o, LSE, seqlen_q, seqlen_kv, heads_q, gr
         mbarrier.expect(q_bar, desc_q.block_type.nbytes)
         _tma_load(desc_q, [off_b, off_h, start_m, 0], q_bar, q_smem)
         for i in gl.static_range(STAGES):
-            _load_kv(desc_k, off_b, off_hk, lo + i * BN, k_bars, k_smem, i, i < n)
-            _load_kv(desc_v, off_b, off_hk, lo + i * BN, v_bars, v_smem, i, i < n)
+            load_kv(desc_k, off_b, off_hk, lo + i * BN, k_bars, k_smem, i, i < n)
+            load_kv(desc_v, off_b, off_hk, lo + i * BN, v_bars, v_smem, i, i < n)
         q2 = q_smem.reshape([BM, BD])
         s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
 
@@ -149,7 +157,7 @@ def fa_fwd(desc_q, desc_k, desc_v, desc_o, LSE, seqlen_q, seqlen_kv, heads_q, gr
         s_tok = warpgroup_mma(q2, k_smem.index(0).reshape([BN, BD]).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
         s = warpgroup_mma_wait(0, deps=[s_tok])
-        p, alpha, l_i, m_i = _softmax(s, m_i, l_i, lo, (lo < full_lo) | (lo + BN > full_hi), rows, cols0,
+        p, alpha, l_i, m_i = softmax_step(s, m_i, l_i, lo, (lo < full_lo) | (lo + BN > full_hi), rows, cols0,
                                       seqlen_kv, diag_off, win_left, win_right, qk_scale, HAS_LEFT, HAS_RIGHT)
         for j in range(1, n):
             slot = j % STAGES
@@ -163,15 +171,15 @@ def fa_fwd(desc_q, desc_k, desc_v, desc_o, LSE, seqlen_q, seqlen_kv, heads_q, gr
             o_tok = warpgroup_mma(p16, v_smem.index(prev).reshape([BN, BD]), o, is_async=True)
             # S_j is the older group: waiting for 1 outstanding leaves PV_{j-1} running during the softmax
             s = warpgroup_mma_wait(1, deps=[s_tok])
-            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, start, (start < full_lo) | (start + BN > full_hi), rows,
+            p, alpha, l_i, m_i = softmax_step(s, m_i, l_i, start, (start < full_lo) | (start + BN > full_hi), rows,
                                           cols0, seqlen_kv, diag_off, win_left, win_right, qk_scale, HAS_LEFT,
                                           HAS_RIGHT)
             o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])  # p16 (registers) stays live until PV_{j-1} is done
             o = o * gl.convert_layout(alpha, row_o)[:, None]
             # slot `prev` is free (QK_{j-1} and PV_{j-1} done): refill it with block j-1+STAGES
             nxt = j - 1 + STAGES
-            _load_kv(desc_k, off_b, off_hk, lo + nxt * BN, k_bars, k_smem, prev, nxt < n)
-            _load_kv(desc_v, off_b, off_hk, lo + nxt * BN, v_bars, v_smem, prev, nxt < n)
+            load_kv(desc_k, off_b, off_hk, lo + nxt * BN, k_bars, k_smem, prev, nxt < n)
+            load_kv(desc_v, off_b, off_hk, lo + nxt * BN, v_bars, v_smem, prev, nxt < n)
         last = (n - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((n - 1) // STAGES) & 1)
         p16 = gl.convert_layout(p.to(desc_v.dtype), p_layout)

@@ -53,6 +53,20 @@ def _desc(t: torch.Tensor, rows: int, bd: int):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd], lay)
 
 
+def kernel(cfg: GluonFwdConfig):
+    """The jit function of ``cfg``'s schedule (imports Gluon: only when launched or compiled)."""
+    if cfg.WS:
+        from attntune.kernels.gluon_flash.jit_ws import fa_fwd_ws
+        return fa_fwd_ws
+    from attntune.kernels.gluon_flash.jit import fa_fwd
+    return fa_fwd
+
+
+def q_rows(cfg: GluonFwdConfig) -> int:
+    """Rows of the Q and O descriptors' blocks: the program's, or one consumer's under WS."""
+    return cfg.BLOCK_M // 2 if cfg.WS else cfg.BLOCK_M
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GluonFwdConfig, *, causal: bool = False,
             causal_align: str = "bottom_right", window: Optional[Tuple[int, int]] = None,
             scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +74,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GluonFwdConf
     :mod:`attntune.problem`; returns (out [B, Hq, Sq, D] in q's dtype, contiguous; lse [B, Hq, Sq] float32,
     natural log, -inf for a row that admits no key — its output row is 0)."""
     check_inputs(q, k, v)
-    from attntune.kernels.gluon_flash.jit import fa_fwd  # imports Gluon: only when launched
-
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     ma = mask_args(sq, skv, causal, causal_align, window)
@@ -74,8 +86,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GluonFwdConf
     bd = block_d(d)
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
     bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
-    fa_fwd[(-(-sq // bm), b * hq)](
-        _desc(q, bm, bd), _desc(k, bn, bd), _desc(v, bn, bd), _desc(o, bm, bd), lse,
+    qrows = q_rows(cfg)
+    kernel(cfg)[(-(-sq // bm), b * hq)](
+        _desc(q, qrows, bd), _desc(k, bn, bd), _desc(v, bn, bd), _desc(o, qrows, bd), lse,
         sq, skv, hq, hq // hkv, ma.diag_off, ma.win_left, ma.win_right, qk_scale,
         BM=bm, BN=bn, BD=bd, STAGES=cfg.num_stages, HAS_LEFT=ma.has_left, HAS_RIGHT=ma.has_right,
         **cfg.launch_opts())
@@ -92,16 +105,14 @@ def compile_for(cfg: GluonFwdConfig, head_dim: int, *, has_left: bool = False, h
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    from attntune.kernels.gluon_flash.jit import fa_fwd
-
     bd = block_d(head_dim)
     t = torch.empty(1, 1, 256, head_dim, dtype=dtype)
-    rows = (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_N, cfg.BLOCK_M)
+    rows = (q_rows(cfg), cfg.BLOCK_N, cfg.BLOCK_N, q_rows(cfg))
     sig = {n: mangle_type(_desc(t, r, bd)) for n, r in zip(("desc_q", "desc_k", "desc_v", "desc_o"), rows)}
     sig.update({"LSE": "*fp32", **{n: "i32" for n in ("seqlen_q", "seqlen_kv", "heads_q", "group", "diag_off",
                                                        "win_left", "win_right")}, "qk_scale": "fp32"})
     ce = {"BM": cfg.BLOCK_M, "BN": cfg.BLOCK_N, "BD": bd, "STAGES": cfg.num_stages, "HAS_LEFT": has_left,
           "HAS_RIGHT": has_right}
     sig.update({n: "constexpr" for n in ce})
-    return triton.compile(GluonASTSource(fa_fwd, sig, constexprs=ce), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": cfg.num_warps, "num_stages": 1})
+    return triton.compile(GluonASTSource(kernel(cfg), sig, constexprs=ce), target=GPUTarget("cuda", arch, 32),
+                          options={**cfg.launch_opts(), "num_stages": 1})
