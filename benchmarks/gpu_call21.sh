@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Gluon forward (#14, 2026-12-07: kernels/gluon_flash, explicit async wgmma, the softmax overlapped with PV; WS=1 its
 # warp-specialized ping-pong), ~4-6 min:
-# PV), ~4-6 min: its GPU tests (tests/test_gluon_flash.py); then the probe (benchmarks/probe_gluon_fwd.py): its
+# its GPU tests (tests/test_gluon_flash.py); then the probe (benchmarks/probe_gluon_fwd.py): its
 # odd-shape correctness grid against a float32 reference, then its configs timed beside SDPA cuDNN, SDPA flash and
 # our Triton forward (D128 dense/causal, D64, D96, S8192). Then, on an H200 and with REGRET_S set, the one regret
 # key of families16 that holds the H200's max and was not re-run on 2026-12-07 (decode B8 KV1024 D64).
