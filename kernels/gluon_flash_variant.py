@@ -1,12 +1,13 @@
 """``gluon_flash``: a Hopper (sm_90) flash-attention forward in Gluon whose softmax overlaps the tensor cores
-(FlashAttention-3's intra-warpgroup pipelining: :mod:`attntune.kernels.gluon_flash.jit`) — dense, causal (either
-alignment), sliding windows, GQA/MQA, odd lengths, float16/bfloat16, head dims that are multiples of 8 up to 128.
-Inference (``fwd`` keys) only.
+(FlashAttention-3's intra-warpgroup pipelining, :mod:`attntune.kernels.gluon_flash.jit`, and with ``WS=1`` its
+warp-specialized ping-pong, :mod:`attntune.kernels.gluon_flash.jit_ws`) — dense, causal (either alignment), sliding
+windows, GQA/MQA, odd lengths, float16/bfloat16, head dims that are multiples of 8 up to 128. Inference (``fwd``
+keys) only.
 
-**Experimental, off unless ``ATTNTUNE_GLUON=1``.** The kernel compiles for sm_90 (Triton 3.6 and 3.9, tested on the
-CPU) but has not yet run on a GPU: until its GPU tests and timings pass there, it stays out of tuning and dispatch
-by default (a deadlocked mbarrier would hang a user's model, not fail a gate). ``benchmarks/gpu_call21.sh`` runs
-its correctness grid and times it against cuDNN, FA2 and ``triton_flash``."""
+On by default where it can run; ``ATTNTUNE_GLUON=0`` takes it out of tuning and dispatch (e.g. to compare against
+the Triton kernels). Its GPU tests and odd-shape grid passed on an H100 (2026-12-07,
+``benchmarks/results/probe_gluon_fwd_ws_h100_2026-12-07j.json``).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from attntune.kernels.launch_config import cached_parser
 from attntune.kernels.triton_flash.space import device_arch
 from attntune.problem import AttentionProblem
 
-#: the environment switch that lets the experimental variant run (anything else: off)
+#: the environment switch: ``0`` takes the variant out (unset or ``1``: in; anything else warns once and means 0)
 ENV = "ATTNTUNE_GLUON"
 
 
@@ -40,8 +41,8 @@ def _has_gluon_hopper() -> bool:
 def gluon_reasons(problem: AttentionProblem) -> List[str]:
     """Why the Gluon forward cannot take ``problem`` here (empty = it can)."""
     out = []
-    if os.environ.get(ENV, "0").strip() != "1":
-        out.append(f"experimental (not yet run on a GPU): set {ENV}=1 to enable")
+    if os.environ.get(ENV, "1").strip() not in ("", "1"):
+        out.append(f"{ENV}={os.environ[ENV].strip()!r}: switched off (unset it or set 1 to use it)")
     if problem.device_type != "cuda":
         out.append("needs an NVIDIA Hopper GPU (sm_90: wgmma, TMA)")
     elif not torch.cuda.is_available():  # device_arch's CPU stand-in is for Triton's interpreter; Gluon has none
@@ -69,10 +70,11 @@ def gluon_reasons(problem: AttentionProblem) -> List[str]:
 
 class GluonFlashVariant(Variant):
     name = "gluon_flash"
-    description = "Gluon Hopper flash forward, softmax overlapped with the wgmma (experimental: ATTNTUNE_GLUON=1)"
+    description = "Gluon Hopper flash forward: softmax overlapped with the wgmma, warp-specialized ping-pong (sm_90)"
     family = "triton"  # ATTNTUNE_TRITON=0 switches it off with the Triton kernels
     source_modules = ("attntune.kernels.gluon_flash.config", "attntune.kernels.gluon_flash.launch",
-                      "attntune.kernels.gluon_flash.jit", "attntune.kernels.gluon_flash_variant")
+                      "attntune.kernels.gluon_flash.jit", "attntune.kernels.gluon_flash.jit_ws",
+                      "attntune.kernels.gluon_flash_variant")
     space_depends_on_lengths = False  # the space reads the head dim only
     # the compiled op (attntune::attention) runs eager code inside; nothing here needs tracing
     runs_in_compiled_op = True

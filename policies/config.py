@@ -26,7 +26,7 @@ An invalid value of any switch is reported once (a ``RuntimeWarning``) saying wh
 
 ``ATTNTUNE_CACHE`` / ``ATTNTUNE_SYSTEM_CACHE`` are read by :mod:`attntune.cache.layered` when the index
 is loaded, ``ATTNTUNE_TRITON`` / ``ATTNTUNE_VARIANTS`` by :func:`attntune.kernels.registry.env_reasons` and
-``ATTNTUNE_GLUON`` (``1``: the experimental ``gluon_flash`` variant may run) by its ``supports()``
+``ATTNTUNE_GLUON`` (``0``: the ``gluon_flash`` variant stays out) by its ``supports()``
 when a plan is resolved — both happen once per process (or per ``reset()``), never per call.
 """
 
@@ -137,7 +137,7 @@ class RuntimeConfig:
             warns.append(f"ATTNTUNE_TRITON={triton!r} is not 0 or 1; using 1 (Triton variants may run)")
         gluon = os.environ.get("ATTNTUNE_GLUON", "").strip()
         if gluon not in ("", "0", "1"):
-            warns.append(f"ATTNTUNE_GLUON={gluon!r} is not 0 or 1; using 0 (the experimental Gluon variant stays off)")
+            warns.append(f"ATTNTUNE_GLUON={gluon!r} is not 0 or 1; using 0 (the Gluon variant stays out)")
         _variants(warns)
         return cls(
             disabled=_flag("ATTNTUNE_DISABLE", warns),

@@ -40,9 +40,9 @@ class GluonFwdConfig(LaunchConfig):
 
     BLOCK_M: int = knob(128, (128,), "query rows per program (64 per warpgroup)", valid=_rows)
     BLOCK_N: int = knob(128, (64, 128), "keys per K/V block", valid=pow2_at_least(16))
-    num_stages: int = knob(2, (2, 3), "K/V blocks in flight (the TMA ring's depth)", valid=at_least(1))
+    num_stages: int = knob(3, (2, 3), "K/V blocks in flight (the TMA ring's depth)", valid=at_least(1))
     num_warps: int = knob(8, (8,), "warps per program", valid=_warps)
-    WS: int = knob(0, (0, 1), "1: warp-specialized, a 1-warp TMA loader and two 4-warp consumers taking turns on "
+    WS: int = knob(1, (0, 1), "1: warp-specialized, a 1-warp TMA loader and two 4-warp consumers taking turns on "
                    "the tensor cores (FlashAttention-3's ping-pong); 0: one 8-warp partition", valid=_flag)
 
     def launch_opts(self) -> Dict[str, int]:
@@ -52,9 +52,10 @@ class GluonFwdConfig(LaunchConfig):
 
 
 def smem_bytes(cfg: GluonFwdConfig, head_dim: int, elem: int = 2) -> int:
-    """Q tile + the K and V rings (the output tile reuses their space) + 128 bytes for the mbarriers: within those
-    128 bytes of what Triton 3.6 allocates on sm_90 (the compile results above)."""
-    return elem * block_d(head_dim) * (cfg.BLOCK_M + 2 * cfg.BLOCK_N * cfg.num_stages) + 128
+    """Q tile + the K and V rings (the output tile reuses their space) + the mbarriers and what the compiler adds:
+    128 bytes (one partition), 512 (WS: the ring's "empty" barriers, the turn pair, the partitions' scratch); the
+    allocation Triton 3.6 makes on sm_90 is at most that much below (the compile results above)."""
+    return elem * block_d(head_dim) * (cfg.BLOCK_M + 2 * cfg.BLOCK_N * cfg.num_stages) + (512 if cfg.WS else 128)
 
 
 def constraint_reasons(cfg: GluonFwdConfig, head_dim: int) -> List[str]:
@@ -66,5 +67,8 @@ def constraint_reasons(cfg: GluonFwdConfig, head_dim: int) -> List[str]:
 
 
 def default_config(head_dim: int) -> GluonFwdConfig:
-    """128/128 with a 2-deep ring fits every head dim taken (164 KB at D 128); tuned rows replace it."""
-    return GluonFwdConfig()
+    """Warp-specialized, 128/128 with a 3-deep ring (229.5 KB at D 128): the fastest config at every timed shape
+    on an H100 (``benchmarks/results/probe_gluon_fwd_ws_h100_2026-12-07j.json``: D 64/96/128, dense and causal);
+    tuned rows replace it."""
+    cfg = GluonFwdConfig()
+    return cfg if not constraint_reasons(cfg, head_dim) else GluonFwdConfig(num_stages=2)
