@@ -37,7 +37,8 @@ LOADER_REGS = gl.constexpr(24)
 
 
 @gluon.jit
-def _loader(args, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+def _loader(args, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+            HAS_RIGHT: gl.constexpr):
     """Q's two 64-row tiles, then K/V blocks ``lo + i * BN`` into ring slot ``i % STAGES`` once both consumers have
     released the slot's previous block."""
     (desc_q, desc_k, desc_v, desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty, turn, off_b, off_h,
@@ -56,7 +57,8 @@ def _loader(args, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr, HAS_
 
 
 @gluon.jit
-def _consume(args, C: gl.constexpr, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+def _consume(args, C: gl.constexpr, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+             HAS_RIGHT: gl.constexpr):
     """Consumer ``C`` (0 or 1): rows ``start_m + C * 64`` onwards; the flash loop of :func:`.jit.fa_fwd` with the
     turn taken before its GEMMs are issued and handed over right after, then the epilogue (LSE, and O through the
     now free Q tile and a TMA store)."""
@@ -129,12 +131,14 @@ def _consume(args, C: gl.constexpr, BN: gl.constexpr, BD: gl.constexpr, STAGES: 
 
 
 @gluon.jit
-def _consumer0(args, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+def _consumer0(args, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+               HAS_RIGHT: gl.constexpr):
     _consume(args, 0, BN, BD, STAGES, HAS_LEFT, HAS_RIGHT)
 
 
 @gluon.jit
-def _consumer1(args, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+def _consumer1(args, BN: gl.constexpr, BD: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+               HAS_RIGHT: gl.constexpr):
     _consume(args, 1, BN, BD, STAGES, HAS_LEFT, HAS_RIGHT)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -44,13 +45,20 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"k: {k.shape[1]} kv heads do not divide q's {q.shape[1]} heads")
 
 
+@functools.lru_cache(maxsize=64)
+def _smem_layout(rows: int, bd: int, dtype: torch.dtype):
+    """The shared-memory layout of a [1, 1, rows, bd] block (cached: building it is ~60 % of a descriptor's host
+    cost, 6.6 of 11 µs on a 2-core VM)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, bd], getattr(gl, _GL_DTYPES[dtype]))
+
+
 def _desc(t: torch.Tensor, rows: int, bd: int):
     """A 4-D TMA descriptor over ``t`` [B, H, S, D] with block [1, 1, rows, bd] (zero fill past S and D)."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, bd], getattr(gl, _GL_DTYPES[t.dtype]))
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd], lay)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd], _smem_layout(rows, bd, t.dtype))
 
 
 def kernel(cfg: GluonFwdConfig):
