@@ -92,6 +92,20 @@ def test_config_round_trips_and_refuses_out_of_domain_values():
             GluonFwdConfig.from_dict(bad)
 
 
+def test_warp_specialized_schedule_needs_a_two_deep_ring():
+    """A WS consumer releases block j-1 only after issuing S_j, so with one ring slot the loader could never bring
+    block j: the space refuses that config (naming why) and the default for every head dim is WS with a ring that
+    fits."""
+    from attntune.kernels.gluon_flash.config import constraint_reasons, default_config
+
+    assert any("num_stages >= 2" in r for r in constraint_reasons(GluonFwdConfig(num_stages=1, WS=1), 64))
+    assert not constraint_reasons(GluonFwdConfig(num_stages=1, WS=0), 64)
+    for d in (8, 64, 96, 128):
+        cfg = default_config(d)
+        assert cfg.WS == 1 and not constraint_reasons(cfg, d)
+    assert GluonFwdConfig(WS=1).launch_opts()["num_warps"] == 4  # the first consumer: the default partition
+
+
 def test_shared_memory_model_matches_the_compiler():
     """The model is what Triton 3.6 allocated for sm_90 (committed compile results: 3 head dims x 3 masks x 8
     configs, both schedules) plus at most its margin, and every config of the space fits Hopper's 227 KB."""
