@@ -2,7 +2,7 @@
 (FlashAttention-3's intra-warpgroup pipelining, :mod:`attntune.kernels.gluon_flash.jit`, and with ``WS=1`` its
 warp-specialized ping-pong, :mod:`attntune.kernels.gluon_flash.jit_ws`) — dense, causal (either alignment), sliding
 windows, GQA/MQA, odd lengths, float16/bfloat16, head dims that are multiples of 8 up to 128. Inference (``fwd``
-keys) only.
+keys) only, and prefill only (``Sq > DECODE_MAX_SQ``: decode keys are split-K decoding's).
 
 On by default where it can run; ``ATTNTUNE_GLUON=0`` takes it out of tuning and dispatch (e.g. to compare against
 the Triton kernels). Its GPU tests and odd-shape grid passed on an H100 (2026-12-07,
@@ -24,7 +24,7 @@ from attntune.kernels.gluon_flash.config import (HEAD_DIM_MULTIPLE, MAX_HEAD_DIM
 from attntune.kernels.gluon_flash.launch import MAX_GRID_Y, forward
 from attntune.kernels.launch_config import cached_parser
 from attntune.kernels.triton_flash.space import device_arch
-from attntune.problem import AttentionProblem
+from attntune.problem import DECODE_MAX_SQ, AttentionProblem
 
 #: the environment switch: ``0`` takes the variant out (unset or ``1``: in; anything else warns once and means 0)
 ENV = "ATTNTUNE_GLUON"
@@ -57,6 +57,10 @@ def gluon_reasons(problem: AttentionProblem) -> List[str]:
         out.append("inference (fwd) only: no backward yet")
     if problem.kv_lens:
         out.append("kv_lens (per-sequence KV lengths) not supported; the decode variant takes them")
+    elif problem.seqlen_q <= DECODE_MAX_SQ:
+        # a program holds 128 query rows: at Sq <= 16 it would use at most 1/8 of its tensor-core rows and read all
+        # of K/V per query head (split-K decoding reads them once per GQA group); not worth the tuner's time
+        out.append(f"decode (Sq <= {DECODE_MAX_SQ}): 128 query rows a program; the split-K decode variant's job")
     if problem.kv_dtype is not None:
         out.append("FP8 K/V not supported yet")
     if problem.head_dim_v != problem.head_dim:

@@ -54,6 +54,7 @@ def test_a_candidate_only_where_it_runs(monkeypatch):
     (dict(dtype="float32"), "float32 not supported"),
     (dict(mode="fwd_bwd"), "inference (fwd) only"),
     (dict(seqlen_q=1, kv_lens=True), "kv_lens"),
+    (dict(seqlen_q=16), "decode (Sq <= 16)"),
     (dict(kv_dtype="float8_e4m3fn"), "FP8 K/V"),
     (dict(head_dim=100, head_dim_v=100), "head_dim 100"),
     (dict(head_dim=192, head_dim_v=192), "head_dim 192"),
