@@ -61,9 +61,11 @@ def _desc(t: torch.Tensor, rows: int, bd: int):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd], _smem_layout(rows, bd, t.dtype))
 
 
-def kernel(cfg: GluonFwdConfig):
-    """The jit function of ``cfg``'s schedule (imports Gluon: only when launched or compiled)."""
-    if cfg.WS:
+@functools.cache
+def kernel(ws: int):
+    """The jit function of a config's schedule (``GluonFwdConfig.WS``), looked up once per schedule: the import
+    (Gluon) happens at the first launch or compile, not per call."""
+    if ws:
         from attntune.kernels.gluon_flash.jit_ws import fa_fwd_ws
         return fa_fwd_ws
     from attntune.kernels.gluon_flash.jit import fa_fwd
@@ -95,7 +97,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GluonFwdConf
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
     bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
     qrows = q_rows(cfg)
-    kernel(cfg)[(-(-sq // bm), b * hq)](
+    kernel(cfg.WS)[(-(-sq // bm), b * hq)](
         _desc(q, qrows, bd), _desc(k, bn, bd), _desc(v, bn, bd), _desc(o, qrows, bd), lse,
         sq, skv, hq, hq // hkv, ma.diag_off, ma.win_left, ma.win_right, qk_scale,
         BM=bm, BN=bn, BD=bd, STAGES=cfg.num_stages, HAS_LEFT=ma.has_left, HAS_RIGHT=ma.has_right,
@@ -122,5 +124,5 @@ def compile_for(cfg: GluonFwdConfig, head_dim: int, *, has_left: bool = False, h
     ce = {"BM": cfg.BLOCK_M, "BN": cfg.BLOCK_N, "BD": bd, "STAGES": cfg.num_stages, "HAS_LEFT": has_left,
           "HAS_RIGHT": has_right}
     sig.update({n: "constexpr" for n in ce})
-    return triton.compile(GluonASTSource(kernel(cfg), sig, constexprs=ce), target=GPUTarget("cuda", arch, 32),
+    return triton.compile(GluonASTSource(kernel(cfg.WS), sig, constexprs=ce), target=GPUTarget("cuda", arch, 32),
                           options={**cfg.launch_opts(), "num_stages": 1})
