@@ -4,7 +4,8 @@ local-training key costs against its alternatives (GPU machine).
 
 Shapes are model-like (an HF Mistral-style layer, Mistral-7B's window 4096, gpt-oss's window 128) or
 bench_flash's cases; variants ``triton_local`` (the base of the ratios: > 1 means ours faster),
-``triton_flash`` and ``flex``, alternating round by round so a drifting clock moves all alike. Two CUDA-event
+``triton_flash``, ``gluon_flash`` (the Hopper forward with ``triton_flash``'s backward; sm_90 only) and ``flex``,
+alternating round by round so a drifting clock moves all alike. Two CUDA-event
 timings per variant, medians over ``--reps`` rounds: ``ms`` — the mean of ``--inner`` fwd+bwd calls issued
 back to back (the host runs ahead, as in a model's training step: device time shows); ``ms_single`` — one
 call alone after a sync (its host launch path on the clock too, as in a host-bound step). The heuristic's own
@@ -42,7 +43,7 @@ SHAPES = {
     "small-S1024-D64-W256": (8, 16, 16, 1024, 64, 255),
 }
 SMOKE = {"smoke-S40-D16-W7": (1, 2, 1, 40, 16, 7)}  # --smoke: the CPU (Triton interpreter), float32
-VARIANTS = ("triton_local", "triton_flash", "flex")
+VARIANTS = ("triton_local", "triton_flash", "gluon_flash", "flex")
 
 
 def _step(q, k, v, do, left):

@@ -91,6 +91,12 @@ def _before_vt(declared: Mapping[str, str]) -> Dict[str, Scoped]:
 # triton_decode: none. The decode loop changed on 2026-12-07 (whole tiles unmasked, the tail masked: fp8-decode-vkeys);
 # its rows were re-tuned under the new source or await a re-tune (tests/test_shipped_cache.py).
 
+# gluon_flash, 2026-12-08: training (fwd_bwd keys: this forward, then triton_flash's backward; kernels/gluon_flash/
+# train.py, with triton_flash's launch and backward modules now hashed too) and scales <= 0 rewritten as triton_flash
+# does (q negated or zeroed): a fwd key at a positive scale launches the same kernel with the same arguments, and the
+# earlier source had no fwd_bwd rows (it refused them).
+_GLUON_TRAIN = "training added (fwd_bwd keys only); scales <= 0 rewritten (positive scales launch as before)"
+
 _EQUIVALENCES: Dict[str, Equivalence] = {
     # name: Equivalence(current source hash, {earlier hash: why}) — each also lists its hash before the move
     "sdpa_default": Equivalence("55d2d8def95afbe1", {**_SDPA, "e2807e9b3d82ea6c": _MOVED}),
@@ -102,6 +108,7 @@ _EQUIVALENCES: Dict[str, Equivalence] = {
         {**_FLASH, "f524eec7a31e0deb": _MOVED, "ad177d481d1fb791": "the source before V_T"})),
     "triton_local": Equivalence("9a75ae4d615435d9", {}, _before_vt(
         {**_FLASH, "34daebb9c42beb0e": _MOVED, "2f4456623c373929": "the source before V_T"})),
+    "gluon_flash": Equivalence("3748432728940c49", {"60d57a6b83b5bcd1": _GLUON_TRAIN}),
     # flex: runs_in_compiled_op added (where the variant is offered, not how it runs)
     "flex": Equivalence("c14ac88bdc76c1fc", {
         "909236a6a6585044": "runs_in_compiled_op added (which calls it serves, not how)", "e0729adbd186ee2c": _MOVED}),

@@ -23,4 +23,5 @@ def test_bench_window_train_smoke(tmp_path):
     # the Triton variants run on the CPU through the interpreter; Flex needs a GPU here: an error, not a time
     assert case["ms"]["triton_local"] > 0 and case["ms"]["triton_flash"] > 0
     assert "flex" not in case["ms"] and "not flex" in case["errors"]["flex"]
+    assert "gluon_flash" not in case["ms"] and "not gluon_flash" in case["errors"]["gluon_flash"]  # sm_90 only
     assert case["vs_triton_local"]["triton_local"] == 1.0

@@ -52,7 +52,6 @@ def test_a_candidate_only_where_it_runs(monkeypatch):
 
 @pytest.mark.parametrize("change,reason", [
     (dict(dtype="float32"), "float32 not supported"),
-    (dict(mode="fwd_bwd"), "inference (fwd) only"),
     (dict(seqlen_q=1, kv_lens=True), "kv_lens"),
     (dict(seqlen_q=16), "decode (Sq <= 16)"),
     (dict(kv_dtype="float8_e4m3fn"), "FP8 K/V"),
@@ -73,8 +72,9 @@ def test_takes_what_it_declares(monkeypatch):
     refused for no reason of its own — only for the machine (no Hopper GPU here, or no Gluon)."""
     monkeypatch.setenv(ENV, "1")
     own = ("float", "inference", "kv_lens", "FP8", "head_dim", "batch")
-    for kw in (dict(), dict(causal=True), dict(window=(127, 0)), dict(causal=True, causal_align="top_left"),
-               dict(head_dim=8, head_dim_v=8), dict(head_dim=128, head_dim_v=128), dict(dtype="float16")):
+    for kw in (dict(), dict(causal=True), dict(mode="fwd_bwd"), dict(window=(127, 0)),
+               dict(causal=True, causal_align="top_left"), dict(head_dim=8, head_dim_v=8),
+               dict(head_dim=128, head_dim_v=128), dict(dtype="float16")):
         got = gluon_reasons(_problem(**kw))
         assert not [r for r in got if r.startswith(own)], (kw, got)
 
@@ -257,3 +257,185 @@ def test_gpu_serves_attention_when_enabled(monkeypatch):
         assert attntune.explain(q, k, v, causal=True).variant == "gluon_flash"
     finally:
         attntune.reset()
+
+
+# ---- training: the Gluon forward's output and LSE, then triton_flash's backward --------------------------------
+
+def test_training_config_round_trips_and_keeps_both_launches():
+    """A fwd_bwd key's space is GluonTrainConfig's: the warp-specialized forward x triton_flash's backward knobs, the
+    default (the forward's and the backward's defaults) first; every config round-trips through its stored dict and
+    splits into the two launches; the backward's register and shared-memory model refuses what spills."""
+    from attntune.kernels.gluon_flash.config import GluonTrainConfig, default_train_config
+    from attntune.kernels.gluon_flash_variant import train_reasons
+    from attntune.kernels.triton_flash.config import FlashBwdConfig, default_bwd_config
+
+    p = _problem(head_dim=128, head_dim_v=128, mode="fwd_bwd")
+    space = registry.get("gluon_flash").space(p)
+    grid = list(space.grid())
+    assert space.default == default_train_config(128, torch.bfloat16).to_dict() and space.default in grid
+    assert 100 < len(grid) < 200 and all(c["WS"] == 1 for c in grid)
+    for d in grid:
+        cfg = GluonTrainConfig.from_dict(d)
+        assert cfg.to_dict() == d and GluonTrainConfig.from_dict(cfg.to_dict()) == cfg
+        assert cfg.forward.to_dict() == {k: d[k] for k in GluonFwdConfig.names()}
+        assert cfg.backward == FlashBwdConfig.from_dict({k: d[k] for k in FlashBwdConfig.names()})
+    assert default_train_config(64, torch.float16).backward == default_bwd_config(64, torch.float16)
+    spills = GluonTrainConfig(BWD_BLOCK_M=64, BWD_BLOCK_N=128, BWD_WARPS=4)
+    assert any("fp32 values per thread" in r for r in train_reasons(spills, p))
+    assert spills.to_dict() not in grid
+    with pytest.raises(ValueError, match="BWD_BLOCK_N"):
+        GluonTrainConfig.from_dict({"BWD_BLOCK_N": 96})
+
+
+def _triton_forward_as_gluon(monkeypatch):
+    """Stand the Gluon forward in with triton_flash's (the interpreter runs it on the CPU): the same contract, (o,
+    lse natural log, -inf for rows without a key), so the training wiring around it is what the test checks."""
+    from attntune.kernels.gluon_flash import train
+    from attntune.kernels.triton_flash import launch as flash_launch
+    from attntune.kernels.triton_flash.config import FlashFwdConfig
+
+    seen = []
+
+    def forward(q, k, v, cfg, *, causal, causal_align, window, scale):
+        assert isinstance(cfg, GluonFwdConfig) and scale > 0
+        seen.append(scale)
+        mask = flash_launch.mask_args(q.shape[2], k.shape[2], causal, causal_align, window)
+        return flash_launch.forward(q, k, v, mask, scale, FlashFwdConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4,
+                                                                         num_stages=1))
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(train.gluon_launch, "forward", forward)
+    return seen
+
+
+@pytest.mark.parametrize("causal,align,window,scale", [
+    (True, "bottom_right", None, None),
+    (False, "bottom_right", (5, 3), 0.3),
+    (True, "top_left", None, -0.3),
+    (False, "bottom_right", (9, -1), 0.0),
+])
+def test_training_wiring_gives_the_reference_gradients_on_the_cpu(monkeypatch, causal, align, window, scale):
+    """GQA, odd lengths, both causal alignments, a two-sided window, and scales the kernels cannot take as such
+    (negative, zero: run as rewritten q, which autograd differentiates): the output and dq/dk/dv of the training path
+    match a float32 reference; the compiled op's split (forward_saving/backward_saved) gives the same gradients, or
+    None where the scale needs the rewrite."""
+    from attntune.kernels.gluon_flash import train
+    from attntune.kernels.gluon_flash.config import GluonTrainConfig
+    from attntune.kernels.reference import masked_softmax_attention
+    from attntune.problem import problem_from_tensors
+    from helpers import assert_close, rand_qkv
+
+    seen = _triton_forward_as_gluon(monkeypatch)
+    cfg = GluonTrainConfig(BWD_BLOCK_M=16, BWD_BLOCK_N=16, BWD_WARPS=4, BWD_STAGES=1)
+    q, k, v = rand_qkv(1, 4, 2, 37, 50, 16, dtype=torch.float16, requires_grad=True, seed=3)
+    mask = dict(causal=causal, causal_align=align, window=window, scale=scale)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(torch.float16)
+    out = train.attention(q, k, v, cfg, **mask)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    assert len(seen) == 1
+
+    p = problem_from_tensors(q, k, v, causal=causal, causal_align=align, window=window, scale=scale)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = masked_softmax_attention(qf, kf, vf, p, compute_dtype=torch.float32)
+    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    assert_close(out.detach(), ref.detach(), "float16")
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert_close(g, r, "float16", backward=True, what=f"d{name}")
+
+    saved = train.forward_saving(q.detach(), k.detach(), v.detach(), cfg, **mask)
+    if scale is not None and scale <= 0:
+        assert saved is None and train.backward_saved(do, q, k, v, out, out, cfg, **mask) is None
+        return
+    o, lse = saved
+    split = train.backward_saved(do, q.detach(), k.detach(), v.detach(), o, lse, cfg, **mask)
+    assert torch.equal(o, out.detach())
+    for g, s in zip(grads, split):
+        assert torch.equal(g, s)
+
+
+def test_the_variant_routes_training_keys_to_the_training_path(monkeypatch):
+    """run() of a fwd_bwd key goes through the training path with the key's parsed GluonTrainConfig (a fwd key's run
+    keeps the forward alone), so a tuned training row runs the backward it was timed with."""
+    from attntune.kernels.gluon_flash import train
+    from attntune.kernels.gluon_flash.config import GluonTrainConfig
+
+    got = {}
+    monkeypatch.setattr(train, "attention", lambda q, k, v, cfg, **kw: got.setdefault("cfg", cfg))
+    v = registry.get("gluon_flash")
+    p = _problem(mode="fwd_bwd")
+    cfg = dict(v.space(p).default, BWD_BLOCK_M=32)
+    v.run(None, None, None, p, cfg)
+    assert got["cfg"] == GluonTrainConfig.from_dict(cfg) and got["cfg"].backward.BWD_BLOCK_M == 32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,causal,align,window,scale", [
+    ((2, 8, 2, 333, 1000, 80), True, "bottom_right", None, None),
+    ((1, 4, 4, 1000, 333, 128), True, "bottom_right", None, None),  # rows with no key: zero gradients
+    ((2, 6, 3, 515, 515, 64), False, "bottom_right", (127, 0), None),
+    ((1, 4, 2, 300, 700, 16), False, "bottom_right", (100, 50), -0.2),
+    ((1, 4, 2, 200, 500, 96), True, "top_left", None, 0.0),
+])
+def test_gpu_training_matches_a_float32_reference(shape, causal, align, window, scale):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU (H100/H200)")
+    from attntune.kernels.gluon_flash.config import default_train_config
+    from attntune.kernels.gluon_flash import train
+    from attntune.kernels.reference import masked_softmax_attention
+    from attntune.problem import problem_from_tensors
+    from helpers import assert_close
+
+    b, hq, hkv, sq, skv, d = shape
+    torch.manual_seed(0)
+    q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    do = torch.randn_like(q)
+    mask = dict(causal=causal, causal_align=align, window=window, scale=scale)
+    out = train.attention(q, k, v, default_train_config(d, torch.bfloat16), **mask)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    p = problem_from_tensors(q, k, v, causal=causal, causal_align=align, window=window, scale=scale)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = masked_softmax_attention(qf, kf, vf, p, compute_dtype=torch.float32)
+    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    assert_close(out.detach(), ref.detach(), "bfloat16")
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert_close(g, r, "bfloat16", backward=True, what=f"d{name}")
+
+
+@pytest.mark.gpu
+def test_gpu_serves_a_training_step_and_its_compiled_op(monkeypatch):
+    """attntune.attention with gradients on the pinned variant, eager and inside torch.compile (the compiled op's
+    split backward: the Gluon forward runs once, its output and LSE feed the backward): the same gradients."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU (H100/H200)")
+    import attntune
+    from attntune.kernels.gluon_flash import train
+    from helpers import assert_close
+
+    monkeypatch.setenv("ATTNTUNE_POLICY", "fixed:gluon_flash")
+    torch._dynamo.reset()
+    attntune.reset()
+    calls = []
+    real = train.gluon_launch.forward
+    monkeypatch.setattr(train.gluon_launch, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    try:
+        torch.manual_seed(0)
+        q = torch.randn(2, 8, 300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(2))
+        do = torch.randn_like(q)
+
+        def step(fn):
+            out = fn(q, k, v, causal=True, window=(100, 0))
+            return (out, *torch.autograd.grad(out, (q, k, v), do))
+
+        eager = step(attntune.attention)
+        assert attntune.explain(q, k, v, causal=True, window=(100, 0)).variant == "gluon_flash"
+        assert len(calls) == 1
+        compiled = step(torch.compile(attntune.attention, fullgraph=True))
+        assert len(calls) == 2
+        for what, a, b in zip(("out", "dq", "dk", "dv"), eager, compiled):
+            assert_close(b, a, "bfloat16", backward=what != "out", what=what)
+    finally:
+        attntune.reset()
+        torch._dynamo.reset()

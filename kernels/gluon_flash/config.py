@@ -3,11 +3,16 @@ the shapes it takes. No Triton import: the variant's ``supports()`` and space us
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Dict, List
 
+import torch
+
 from attntune.kernels.launch_config import LaunchConfig, at_least, knob, pow2_at_least
 from attntune.kernels.triton_common import block_d
+from attntune.kernels.triton_flash.config import FlashBwdConfig, default_bwd_config
 
 #: head dims compiled for sm_90 without spills (``benchmarks/results/probe_gluon_fwd_compile_sm90_triton36.json``:
 #: D 64, 80 and 128 at every config, <= 246 registers); wider heads need smaller tiles, not yet measured
@@ -51,6 +56,36 @@ class GluonFwdConfig(LaunchConfig):
         return {"num_warps": self.num_warps}
 
 
+def _backward_knob(name: str):
+    """A field declared as ``FlashBwdConfig``'s knob ``name`` (its default, domain and check: one declaration)."""
+    f = FlashBwdConfig.__dataclass_fields__[name]
+    return dataclasses.field(default=f.default, metadata=f.metadata)
+
+
+@dataclass(frozen=True)
+class GluonTrainConfig(GluonFwdConfig):
+    """A training (``fwd_bwd``) key's config: the Gluon forward's launch and the backward of ``triton_flash``
+    (:class:`~attntune.kernels.triton_flash.config.FlashBwdConfig`'s knobs, reading the forward's output and LSE),
+    tuned together. The forward sweeps the warp-specialized schedule only (the faster one at every timed shape),
+    since the backward dominates a training step."""
+
+    WS: int = knob(1, (1,), "1: warp-specialized (the only schedule a training key sweeps)", valid=_flag)
+    BWD_BLOCK_M: int = _backward_knob("BWD_BLOCK_M")
+    BWD_BLOCK_N: int = _backward_knob("BWD_BLOCK_N")
+    BWD_WARPS: int = _backward_knob("BWD_WARPS")
+    BWD_STAGES: int = _backward_knob("BWD_STAGES")
+
+    @functools.cached_property
+    def forward(self) -> GluonFwdConfig:
+        return GluonFwdConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, num_stages=self.num_stages,
+                              num_warps=self.num_warps, WS=self.WS)
+
+    @functools.cached_property
+    def backward(self) -> FlashBwdConfig:
+        return FlashBwdConfig(BWD_BLOCK_M=self.BWD_BLOCK_M, BWD_BLOCK_N=self.BWD_BLOCK_N, BWD_WARPS=self.BWD_WARPS,
+                              BWD_STAGES=self.BWD_STAGES)
+
+
 def smem_bytes(cfg: GluonFwdConfig, head_dim: int, elem: int = 2) -> int:
     """Q tile + the K and V rings (the output tile reuses their space) + the mbarriers and what the compiler adds:
     128 bytes (one partition), 512 (WS: the ring's "empty" barriers, the turn pair, the partitions' scratch); the
@@ -64,6 +99,13 @@ def constraint_reasons(cfg: GluonFwdConfig, head_dim: int) -> List[str]:
     if cfg.WS and cfg.num_stages < 2:  # a consumer frees block j-1 only after it has issued S_j (jit_ws)
         out.append("WS=1 needs num_stages >= 2")
     return out
+
+
+def default_train_config(head_dim: int, dtype: torch.dtype) -> GluonTrainConfig:
+    """The forward's default with ``triton_flash``'s default backward for ``head_dim`` and ``dtype``."""
+    f, b = default_config(head_dim), default_bwd_config(head_dim, dtype)
+    return GluonTrainConfig(BLOCK_N=f.BLOCK_N, num_stages=f.num_stages, BWD_BLOCK_M=b.BWD_BLOCK_M,
+                            BWD_BLOCK_N=b.BWD_BLOCK_N, BWD_WARPS=b.BWD_WARPS, BWD_STAGES=b.BWD_STAGES)
 
 
 def default_config(head_dim: int) -> GluonFwdConfig:

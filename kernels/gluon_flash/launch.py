@@ -72,6 +72,19 @@ def kernel(ws: int):
     return fa_fwd
 
 
+def positive_scale(q: torch.Tensor, scale: Optional[float]) -> Tuple[torch.Tensor, float]:
+    """``(q', s)`` with ``s > 0`` and ``q' . k * s`` the scores of ``q . k * scale`` (``scale`` None: 1/sqrt(D)). The
+    kernels fold the scale into the running max (``max(s) * scale``), valid only for a positive scale: a negative one
+    runs as ``(-q) * |scale|``; at zero every admitted score is 0 but a masked one would be ``-inf * 0 = NaN``, so it
+    runs as ``q * 0`` at scale 1 (as ``triton_flash``'s op does)."""
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if s < 0:
+        return -q, -s
+    if s == 0:
+        return q * 0.0, 1.0
+    return q, s
+
+
 def q_rows(cfg: GluonFwdConfig) -> int:
     """Rows of the Q and O descriptors' blocks: the program's, or one consumer's under WS."""
     return cfg.BLOCK_M // 2 if cfg.WS else cfg.BLOCK_M
@@ -94,7 +107,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GluonFwdConf
     if o.numel() == 0 or skv == 0:  # nothing to compute, or no key at all: zeros and LSE -inf (no descriptor
         return o.zero_(), lse.fill_(float("-inf"))  # over an empty axis)
     bd = block_d(d)
-    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
+    q, sm_scale = positive_scale(q, scale)
+    qk_scale = sm_scale * LOG2E
     bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
     qrows = q_rows(cfg)
     kernel(cfg.WS)[(-(-sq // bm), b * hq)](
