@@ -4,11 +4,11 @@
 # with two failures unnamed); (2) window training through attntune.attention, each variant pinned at its default
 # config, side by side (bench_window_train.py: triton_local, triton_flash, gluon_flash, flex); (3) three training keys
 # re-tuned with --force on top of cache.db among gluon_flash, triton_flash, triton_local, flex and the SDPA default.
-# Under $OUT: gpu_tests.log, window_train.json, tune.log, cache.db, winners.json.
+# TESTS="tests/a.py tests/b.py" narrows the suite. Under $OUT: gpu_tests.log, window_train.json, tune.log, cache.db, winners.json.
 set -u
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
-timeout ${T_TESTS:-230} python3 -m pytest -v -m gpu -n 16 tests -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+timeout ${T_TESTS:-230} python3 -m pytest -v -m gpu -n 16 ${TESTS:-tests} -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "(FAILED|ERROR) " "$OUT/gpu_tests.log" | cut -c1-250 | head -20
 tail -1 "$OUT/gpu_tests.log"
 timeout ${T_WIN:-150} python3 benchmarks/bench_window_train.py --shapes ${WIN_SHAPES:-hf-mistral-S4096-D64-W1024,bench-S16384-D128-W1024} \
