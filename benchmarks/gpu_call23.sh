@@ -4,7 +4,8 @@
 # with two failures unnamed); (2) window training through attntune.attention, each variant pinned at its default
 # config, side by side (bench_window_train.py: triton_local, triton_flash, gluon_flash, flex); (3) three training keys
 # re-tuned with --force on top of cache.db among gluon_flash, triton_flash, triton_local, flex and the SDPA default.
-# TESTS="tests/a.py tests/b.py" narrows the suite. Under $OUT: gpu_tests.log, window_train.json, tune.log, cache.db, winners.json.
+# On an H200, REGRET_S=75 also re-runs #13's max-regret key (as gpu_call22.sh). TESTS="tests/a.py tests/b.py" narrows
+# the suite. Under $OUT: gpu_tests.log, window_train.json, tune.log, cache.db, winners.json.
 set -u
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $GPU"
@@ -22,4 +23,9 @@ ATTNTUNE_VARIANTS=gluon_flash,triton_flash,triton_local,flex,sdpa_default timeou
     --cache "$OUT/cache.db" --storage memory --trials 8 --refine 4 --time-limit ${TUNE_S:-150} > "$OUT/tune.log" 2>&1
 echo "tune rc=$? ($(( $(date +%s) - T0 )) s)"; tail -12 "$OUT/tune.log" | cut -c1-220
 attntune show --cache "$OUT/cache.db" --no-system --json > "$OUT/winners.json" 2>/dev/null
+if echo "$GPU" | grep -qi h200 && [ "${REGRET_S:-0}" != 0 ]; then  # #13: the H200 regret key not re-run since 12-04
+  timeout $(( REGRET_S + 30 )) python3 benchmarks/regret.py --keys families16 --families decode --first-key 1 \
+      --max-configs 32 --time-limit $REGRET_S --out "$OUT/regret_h200_decode_b8.json" > "$OUT/regret_decode_b8.log" 2>&1
+  echo "regret rc=$? ($(( $(date +%s) - T0 )) s)"; tail -c 800 "$OUT/regret_decode_b8.log"
+fi
 echo "total $(( $(date +%s) - T0 )) s"

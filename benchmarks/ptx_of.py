@@ -131,7 +131,10 @@ def record(args) -> list:
 
             cfg = FlashTrainConfig.from_dict(cfg) if cfg else None
             q, k, v = (t.requires_grad_() for t in (q, k, v))
-            flash_attention(q, k, v, causal=args.causal, window=window, config=cfg, **kw).sum().backward()
+            out = flash_attention(q, k, v, causal=args.causal, window=window, config=cfg, **kw)
+            # a contiguous dO, as a loss over the output gives a model (out.sum() would pass an expanded, stride-0
+            # dO: scalar loads of one element, a kernel no training step runs — what the 2026-12-07 counts compiled)
+            out.backward(torch.empty_like(out))
         else:
             with torch.no_grad():
                 flash_attention(q, k, v, causal=args.causal, window=window, config=cfg, **kw)
