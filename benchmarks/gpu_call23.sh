@@ -23,9 +23,5 @@ ATTNTUNE_VARIANTS=gluon_flash,triton_flash,triton_local,flex,sdpa_default timeou
     --cache "$OUT/cache.db" --storage memory --trials 8 --refine 4 --time-limit ${TUNE_S:-150} > "$OUT/tune.log" 2>&1
 echo "tune rc=$? ($(( $(date +%s) - T0 )) s)"; tail -12 "$OUT/tune.log" | cut -c1-220
 attntune show --cache "$OUT/cache.db" --no-system --json > "$OUT/winners.json" 2>/dev/null
-if echo "$GPU" | grep -qi h200 && [ "${REGRET_S:-0}" != 0 ]; then  # #13: the H200 regret key not re-run since 12-04
-  timeout $(( REGRET_S + 30 )) python3 benchmarks/regret.py --keys families16 --families decode --first-key 1 \
-      --max-configs 32 --time-limit $REGRET_S --out "$OUT/regret_h200_decode_b8.json" > "$OUT/regret_decode_b8.log" 2>&1
-  echo "regret rc=$? ($(( $(date +%s) - T0 )) s)"; tail -c 800 "$OUT/regret_decode_b8.log"
-fi
+. benchmarks/gpu_regret_key.sh  # #13: on an H200 with REGRET_S
 echo "total $(( $(date +%s) - T0 )) s"

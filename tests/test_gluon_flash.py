@@ -308,6 +308,22 @@ def _triton_forward_as_gluon(monkeypatch):
     return seen
 
 
+def _assert_matches_the_reference(q, k, v, do, out, grads, dtype: str, *, causal, causal_align, window, scale):
+    """``out`` and ``grads`` (dq, dk, dv for the upstream gradient ``do``) within ``dtype``'s tolerances of the float32
+    reference attention with the same mask and scale."""
+    from attntune.kernels.reference import masked_softmax_attention
+    from attntune.problem import problem_from_tensors
+    from helpers import assert_close
+
+    p = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align, window=window, scale=scale)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = masked_softmax_attention(qf, kf, vf, p, compute_dtype=torch.float32)
+    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    assert_close(out.detach(), ref.detach(), dtype)
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert_close(g, r, dtype, backward=True, what=f"d{name}")
+
+
 @pytest.mark.parametrize("causal,align,window,scale", [
     (True, "bottom_right", None, None),
     (False, "bottom_right", (5, 3), 0.3),
@@ -321,9 +337,7 @@ def test_training_wiring_gives_the_reference_gradients_on_the_cpu(monkeypatch, c
     None where the scale needs the rewrite."""
     from attntune.kernels.gluon_flash import train
     from attntune.kernels.gluon_flash.config import GluonTrainConfig
-    from attntune.kernels.reference import masked_softmax_attention
-    from attntune.problem import problem_from_tensors
-    from helpers import assert_close, rand_qkv
+    from helpers import rand_qkv
 
     seen = _triton_forward_as_gluon(monkeypatch)
     cfg = GluonTrainConfig(BWD_BLOCK_M=16, BWD_BLOCK_N=16, BWD_WARPS=4, BWD_STAGES=1)
@@ -334,13 +348,7 @@ def test_training_wiring_gives_the_reference_gradients_on_the_cpu(monkeypatch, c
     grads = torch.autograd.grad(out, (q, k, v), do)
     assert len(seen) == 1
 
-    p = problem_from_tensors(q, k, v, causal=causal, causal_align=align, window=window, scale=scale)
-    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = masked_softmax_attention(qf, kf, vf, p, compute_dtype=torch.float32)
-    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
-    assert_close(out.detach(), ref.detach(), "float16")
-    for name, g, r in zip("qkv", grads, ref_grads):
-        assert_close(g, r, "float16", backward=True, what=f"d{name}")
+    _assert_matches_the_reference(q, k, v, do, out, grads, "float16", **mask)
 
     saved = train.forward_saving(q.detach(), k.detach(), v.detach(), cfg, **mask)
     if scale is not None and scale <= 0:
@@ -381,9 +389,6 @@ def test_gpu_training_matches_a_float32_reference(shape, causal, align, window, 
         pytest.skip("needs an sm_90 GPU (H100/H200)")
     from attntune.kernels.gluon_flash.config import default_train_config
     from attntune.kernels.gluon_flash import train
-    from attntune.kernels.reference import masked_softmax_attention
-    from attntune.problem import problem_from_tensors
-    from helpers import assert_close
 
     b, hq, hkv, sq, skv, d = shape
     torch.manual_seed(0)
@@ -393,13 +398,7 @@ def test_gpu_training_matches_a_float32_reference(shape, causal, align, window, 
     mask = dict(causal=causal, causal_align=align, window=window, scale=scale)
     out = train.attention(q, k, v, default_train_config(d, torch.bfloat16), **mask)
     grads = torch.autograd.grad(out, (q, k, v), do)
-    p = problem_from_tensors(q, k, v, causal=causal, causal_align=align, window=window, scale=scale)
-    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = masked_softmax_attention(qf, kf, vf, p, compute_dtype=torch.float32)
-    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
-    assert_close(out.detach(), ref.detach(), "bfloat16")
-    for name, g, r in zip("qkv", grads, ref_grads):
-        assert_close(g, r, "bfloat16", backward=True, what=f"d{name}")
+    _assert_matches_the_reference(q, k, v, do, out, grads, "bfloat16", **mask)
 
 
 @pytest.mark.gpu
