@@ -48,6 +48,12 @@ def _sdpa_native(p: AttentionProblem) -> bool:
             and max(p.head_dim, p.head_dim_v) <= SDPA_HEAD_DIM_MAX)
 
 
+def _gluon_wide(p: AttentionProblem) -> bool:
+    """An inference prefill call whose head dim is where the Gluon forward was measured ahead of our Triton one
+    (64 < D <= 128; its ``supports()`` decides the rest: sm_90, 16-bit, D a multiple of 8, no kv_lens)."""
+    return p.mode == "fwd" and 64 < p.head_dim <= 128
+
+
 @dataclass(frozen=True)
 class Rule:
     """If ``when(problem)`` holds on one of ``devices``, try the variants of ``prefer`` in order."""
@@ -81,6 +87,12 @@ HEURISTIC_RULES: Tuple[Rule, ...] = (
          "(window_train_h100_2026-12-06*.json). Not everywhere: at W 512 S 2048 D128 the H200's tuner chose "
          "Flex on 2026-12-03 (regret_h200.json), the H100's chose ours on 2026-12-06: ours first untuned, "
          "tuning decides"),
+    Rule("local-hopper", ("cuda",), lambda p: p.is_local and _gluon_wide(p),
+         ("gluon_flash", "triton_local", "triton_flash"),
+         "finite left window, inference, 64 < D <= 128, Hopper (gluon_flash runs on sm_90 only; elsewhere the next "
+         "ones): the Gluon forward (softmax overlapped with the tensor cores) at its default config beat our Triton "
+         "forward on every D128 window key the H100 tuned, 1.07-1.21x (W 1024 B2 S4096, W 4096 S8192, W 1024 S16384; "
+         "benchmarks/results/tune_gluon_fwd_h100_2026-12-08_trials.json); at D64 it lost (0.81-0.92x), so not there"),
     Rule("local", ("cuda",), lambda p: p.is_local,
          ("triton_local", "triton_flash"),
          "finite left window: a block-skipping kernel costs O(S*W), SDPA's masked kernels O(S^2)"),
@@ -95,6 +107,11 @@ HEURISTIC_RULES: Tuple[Rule, ...] = (
     Rule("sdpa-native", ("cuda",), _sdpa_native,
          ("sdpa_default",),
          "SDPA takes this mask (none / top-left causal) and head dim natively"),
+    Rule("sdpa-cannot-hopper", ("cuda",), _gluon_wide,
+         ("gluon_flash", "triton_flash"),
+         "SDPA would need a materialised mask (bottom-right causal with Sq != Skv, a window); inference, "
+         "64 < D <= 128, Hopper: the Gluon forward 1.21x our Triton forward on the H100's chunked-prefill key "
+         "(B1 Sq 512 Skv 4096 causal, 60.5 vs 73.4 us; tune_gluon_fwd_h100_2026-12-08_trials.json)"),
     Rule("sdpa-cannot", ("cuda",), lambda p: True,
          ("triton_flash",),
          "SDPA would need a materialised mask (bottom-right causal with Sq != Skv, window, kv_lens) "

@@ -50,7 +50,7 @@ def test_flex_supports_reasons():
 def test_untuned_window_training_goes_to_ours_first_with_flex_behind(monkeypatch):
     """The heuristic's local-training rule (a GPU faked: every variant usable): window training, whatever its
     head dim or window, plans triton_local with triton_flash as runner-up and Flex after them; a
-    forward-only window takes the "local" rule."""
+    forward-only D64 window takes the "local" rule."""
     from attntune.policies import policy
     from attntune.problem import AttentionProblem
 
@@ -65,7 +65,7 @@ def test_untuned_window_training_goes_to_ours_first_with_flex_behind(monkeypatch
         got = plan(d, left)
         assert (got.impl.name, got.runner_up) == ("triton_local", "triton_flash"), (d, left, got.reasons)
         assert any("rule local-training:" in r for r in got.reasons)
-    fwd = plan(128, 1023, mode="fwd")
+    fwd = plan(64, 1023, mode="fwd")
     assert fwd.impl.name == "triton_local" and not any("local-training" in r for r in fwd.reasons)
     (rule,) = [r for r in policy.HEURISTIC_RULES if r.name == "local-training"]
     assert rule.prefer.index("flex") > rule.prefer.index("triton_local")

@@ -438,3 +438,32 @@ def test_gpu_serves_a_training_step_and_its_compiled_op(monkeypatch):
     finally:
         attntune.reset()
         torch._dynamo.reset()
+
+
+def test_untuned_hopper_prefill_tries_it_first_where_it_was_measured_ahead(monkeypatch):
+    """The heuristic rules (a GPU faked: every variant usable): an untuned inference window or chunked prefill with
+    64 < D <= 128 plans gluon_flash (the H100's tuned keys: 1.07-1.21x our Triton forward), with the Triton kernel
+    next; at D64 (where it lost), in training, and where SDPA takes the mask natively, the plan is what it was."""
+    from attntune.policies import policy
+    from attntune.problem import AttentionProblem
+
+    monkeypatch.setattr(policy, "usable", lambda name, config, problem, quarantine: [])
+
+    def plan(d, sq=4099, skv=4099, window=None, causal=True, mode="fwd"):
+        p = AttentionProblem(batch=1, heads_q=8, heads_kv=2, seqlen_q=sq, seqlen_kv=skv, head_dim=d, head_dim_v=d,
+                             dtype="bfloat16", device_type="cuda", causal=causal, window=window, mode=mode)
+        got = policy.heuristic_plan(p, None, set())
+        return got.impl.name, got.runner_up
+
+    for d in (72, 96, 128):
+        assert plan(d, window=(1023, 0)) == ("gluon_flash", "triton_local")
+        assert plan(d, sq=512, skv=4096) == ("gluon_flash", "triton_flash")  # chunked prefill: bottom-right causal
+    assert plan(64, window=(1023, 0)) == ("triton_local", "triton_flash")
+    assert plan(64, sq=512, skv=4096)[0] == "triton_flash"
+    assert plan(128, window=(1023, 0), mode="fwd_bwd")[0] == "triton_local"
+    assert plan(128)[0] == "sdpa_default"  # causal Sq == Skv: SDPA's own mask
+    # off Hopper (or with ATTNTUNE_GLUON=0) the variant is not usable, and the next one in the rule serves
+    monkeypatch.setattr(policy, "usable", lambda name, config, problem, quarantine:
+                        ["not sm_90"] if name == "gluon_flash" else [])
+    assert plan(128, window=(1023, 0))[0] == "triton_local"
+    assert plan(128, sq=512, skv=4096)[0] == "triton_flash"
