@@ -54,9 +54,9 @@ def forward_saving(q, k, v, config: GluonTrainConfig, *, causal: bool, causal_al
     """``(o, lse)`` of :func:`attention` without autograd, for the compiled op's split backward; ``None`` for a
     scale <= 0 (served by rewriting q, which the caller then differentiates as a whole call)."""
     gluon_launch.check_inputs(q, k, v)
-    q2, sm_scale = gluon_launch.positive_scale(q, scale)
-    if q2 is not q:
+    if scale is not None and scale <= 0:
         return None
+    _, sm_scale = gluon_launch.positive_scale(q, scale)  # scale > 0 here: q as it is, the scale or 1/sqrt(D)
     return gluon_launch.forward(q, k, v, config.forward, causal=causal, causal_align=causal_align, window=window,
                                 scale=sm_scale)
 
@@ -64,8 +64,8 @@ def forward_saving(q, k, v, config: GluonTrainConfig, *, causal: bool, causal_al
 def backward_saved(do, q, k, v, o, lse, config: GluonTrainConfig, *, causal: bool, causal_align: str, window,
                    scale: Optional[float]) -> Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """dq, dk, dv from :func:`forward_saving`'s ``(o, lse)``; ``None`` exactly where it kept nothing."""
-    q2, sm_scale = gluon_launch.positive_scale(q, scale)
-    if q2 is not q:
+    if scale is not None and scale <= 0:
         return None
+    _, sm_scale = gluon_launch.positive_scale(q, scale)  # scale > 0 here: q as it is, the scale or 1/sqrt(D)
     mask = flash_launch.mask_args(q.shape[2], k.shape[2], causal, causal_align, window)
     return flash_launch.backward(do, q, k, v, o, lse, mask, sm_scale, config.backward)
