@@ -108,7 +108,7 @@ _EQUIVALENCES: Dict[str, Equivalence] = {
         {**_FLASH, "f524eec7a31e0deb": _MOVED, "ad177d481d1fb791": "the source before V_T"})),
     "triton_local": Equivalence("9a75ae4d615435d9", {}, _before_vt(
         {**_FLASH, "34daebb9c42beb0e": _MOVED, "2f4456623c373929": "the source before V_T"})),
-    "gluon_flash": Equivalence("524e0e60c72a87fd", {"60d57a6b83b5bcd1": _GLUON_TRAIN}),
+    "gluon_flash": Equivalence("e02b85176ca3a949", {"60d57a6b83b5bcd1": _GLUON_TRAIN}),
     # flex: runs_in_compiled_op added (where the variant is offered, not how it runs)
     "flex": Equivalence("c14ac88bdc76c1fc", {
         "909236a6a6585044": "runs_in_compiled_op added (which calls it serves, not how)", "e0729adbd186ee2c": _MOVED}),

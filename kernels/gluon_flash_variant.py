@@ -124,10 +124,13 @@ class GluonFlashVariant(Variant):
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem, config: Config,
             kv_lens=None) -> torch.Tensor:
+        # the per-call path: keyword arguments straight from the problem (no dict built per call)
         cfg = self._parse[problem.mode](config)
         if problem.mode == "fwd_bwd":
-            return train.attention(q, k, v, cfg, **self._mask(problem))
-        o, _ = forward(q, k, v, cfg, **self._mask(problem))
+            return train.attention(q, k, v, cfg, causal=problem.causal, causal_align=problem.causal_align,
+                                   window=problem.window, scale=problem.scale)
+        o, _ = forward(q, k, v, cfg, causal=problem.causal, causal_align=problem.causal_align, window=problem.window,
+                       scale=problem.scale)
         return o
 
     def forward_saving(self, q, k, v, problem: AttentionProblem, config: Config, kv_lens=None):

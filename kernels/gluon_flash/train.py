@@ -43,8 +43,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: GluonTr
               causal_align: str = "bottom_right", window: Optional[Tuple[int, int]] = None,
               scale: Optional[float] = None) -> torch.Tensor:
     """Differentiable attention (shapes, dtypes and mask of :func:`.launch.forward`): the Gluon forward of
-    ``config.forward``, the Triton backward of ``config.backward``. Returns ``o [B, Hq, Sq, D]`` in q's dtype."""
-    gluon_launch.check_inputs(q, k, v)
+    ``config.forward``, the Triton backward of ``config.backward``. Returns ``o [B, Hq, Sq, D]`` in q's dtype.
+    Bad inputs are refused by the forward's own checks (:func:`.launch.check_inputs`), once a call."""
     q, sm_scale = gluon_launch.positive_scale(q, scale)
     return _GluonTrain.apply(q, k, v, causal, causal_align, window, sm_scale, config)
 
@@ -53,7 +53,6 @@ def forward_saving(q, k, v, config: GluonTrainConfig, *, causal: bool, causal_al
                    scale: Optional[float]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """``(o, lse)`` of :func:`attention` without autograd, for the compiled op's split backward; ``None`` for a
     scale <= 0 (served by rewriting q, which the caller then differentiates as a whole call)."""
-    gluon_launch.check_inputs(q, k, v)
     if scale is not None and scale <= 0:
         return None
     _, sm_scale = gluon_launch.positive_scale(q, scale)  # scale > 0 here: q as it is, the scale or 1/sqrt(D)
